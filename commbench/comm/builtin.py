@@ -1,0 +1,51 @@
+"""The backend's own collectives: the reference every hand-written algorithm is checked against."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from commbench.comm import p2p
+from commbench.comm.ops import torch_reduce_op
+
+
+def _native_avg(group: dist.ProcessGroup | None) -> bool:
+    return dist.get_backend(group) == "nccl"
+
+
+def _op(op: str, group: dist.ProcessGroup | None) -> dist.ReduceOp:
+    # gloo has no AVG on every version commbench supports: sum, then divide (as NCCL's PreMulSum).
+    return torch_reduce_op("sum" if op == "avg" and not _native_avg(group) else op)
+
+
+def _finish_avg(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None) -> None:
+    if op == "avg" and not _native_avg(group):
+        tensor.div_(dist.get_world_size(group))
+
+
+def all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None) -> None:
+    dist.all_reduce(tensor, op=_op(op, group), group=group)
+    _finish_avg(tensor, op, group)
+
+
+def reduce_scatter(
+    output: torch.Tensor, input: torch.Tensor, op: str, group: dist.ProcessGroup | None
+) -> None:
+    dist.reduce_scatter_tensor(output, input, op=_op(op, group), group=group)
+    _finish_avg(output, op, group)
+
+
+def all_gather(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    dist.all_gather_into_tensor(output, input, group=group)
+
+
+def broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None) -> None:
+    dist.broadcast(tensor, src=p2p.global_rank(group, src), group=group)
+
+
+def reduce(tensor: torch.Tensor, dst: int, op: str, group: dist.ProcessGroup | None) -> None:
+    # AVG is not a reduce op on every backend: sum, then divide at the destination.
+    dist.reduce(tensor, dst=p2p.global_rank(group, dst), op=torch_reduce_op(
+        "sum" if op == "avg" else op), group=group)
+    if op == "avg" and dist.get_rank(group) == dst:
+        tensor.div_(dist.get_world_size(group))

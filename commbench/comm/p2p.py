@@ -1,0 +1,76 @@
+"""Point-to-point primitives every hand-written algorithm is built on.
+
+Peers are given as ranks within ``group``; translation to global ranks happens here. NCCL needs
+matching sends and receives grouped into one call or a ring deadlocks, so on NCCL the pair goes
+through ``batch_isend_irecv``; gloo takes plain ``isend``/``irecv``, which cost less per call.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+Work = dist.Work
+
+
+def group_rank(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    """(rank, world size) of this process within ``group``."""
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
+    if group is None or group is dist.GroupMember.WORLD:
+        return rank
+    return dist.get_global_rank(group, rank)
+
+
+def _needs_batching(group: dist.ProcessGroup | None) -> bool:
+    return dist.get_backend(group) == "nccl"
+
+
+def exchange(
+    send: torch.Tensor | None,
+    dst: int | None,
+    recv: torch.Tensor | None,
+    src: int | None,
+    group: dist.ProcessGroup | None,
+) -> tuple[Work | None, Work | None]:
+    """Start sending ``send`` to ``dst`` and receiving into ``recv`` from ``src``; either may be None.
+
+    Empty tensors are not sent: both ends derive sizes from the same schedule, so they agree.
+    Returns (send work, receive work), None where nothing was started.
+    """
+    do_send = send is not None and send.numel() > 0
+    do_recv = recv is not None and recv.numel() > 0
+    if not (do_send or do_recv):
+        return None, None
+    if _needs_batching(group):
+        ops = []
+        if do_send:
+            ops.append(dist.P2POp(dist.isend, send, global_rank(group, dst), group))
+        if do_recv:
+            ops.append(dist.P2POp(dist.irecv, recv, global_rank(group, src), group))
+        works = dist.batch_isend_irecv(ops)
+        send_work = works[0] if do_send else None
+        recv_work = works[-1] if do_recv else None
+        return send_work, recv_work
+    send_work = dist.isend(send, global_rank(group, dst), group) if do_send else None
+    recv_work = dist.irecv(recv, global_rank(group, src), group) if do_recv else None
+    return send_work, recv_work
+
+
+def send(tensor: torch.Tensor, dst: int, group: dist.ProcessGroup | None) -> Work | None:
+    """Start sending ``tensor`` to ``dst``."""
+    return exchange(tensor, dst, None, None, group)[0]
+
+
+def recv(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None) -> Work | None:
+    """Start receiving into ``tensor`` from ``src``."""
+    return exchange(None, None, tensor, src, group)[1]
+
+
+def wait_all(works: list[Work | None]) -> None:
+    """Wait for every started work in ``works``."""
+    for work in works:
+        if work is not None:
+            work.wait()

@@ -1,0 +1,1 @@
+"""GPU and host telemetry sampled alongside runs (issue: probes)."""
