@@ -3,7 +3,8 @@
 The API mirrors torch.distributed's tensor forms with an ``algorithm`` keyword. Every call
 validates its arguments locally; with ``check=True`` (the default) the ranks also compare sizes,
 dtype, op and algorithm in one small metadata all-gather, so a mismatch raises on every rank
-instead of hanging. Benchmarks pass ``check=False``.
+instead of hanging. Benchmarks pass ``check=False``. Callers that repeat collectives pass a
+:class:`Workspace` so scratch memory is allocated once, not on every call.
 """
 
 from __future__ import annotations
@@ -15,26 +16,36 @@ import torch.distributed as dist
 
 from commbench.comm import builtin, naive, recursive, ring, tree, tuning
 from commbench.comm.ops import DTYPES, OPS, check_op, dtype_name
+from commbench.comm.workspace import Workspace
 
 # The registry: adding an algorithm is one module and one line here.
 _IMPLS: dict[str, dict[str, Callable[..., None]]] = {
     "all_reduce": {
-        "builtin": builtin.all_reduce, "naive": naive.all_reduce, "ring": ring.all_reduce,
+        "builtin": builtin.all_reduce,
+        "naive": naive.all_reduce,
+        "ring": ring.all_reduce,
         "rd": recursive.all_reduce,
     },
     "reduce_scatter": {
-        "builtin": builtin.reduce_scatter, "naive": naive.reduce_scatter,
+        "builtin": builtin.reduce_scatter,
+        "naive": naive.reduce_scatter,
         "ring": ring.reduce_scatter,
     },
     "all_gather": {
-        "builtin": builtin.all_gather, "naive": naive.all_gather, "ring": ring.all_gather,
+        "builtin": builtin.all_gather,
+        "naive": naive.all_gather,
+        "ring": ring.all_gather,
     },
     "broadcast": {
-        "builtin": builtin.broadcast, "naive": naive.broadcast, "ring": ring.broadcast,
+        "builtin": builtin.broadcast,
+        "naive": naive.broadcast,
+        "ring": ring.broadcast,
         "tree": tree.broadcast,
     },
     "reduce": {
-        "builtin": builtin.reduce, "naive": naive.reduce, "ring": ring.reduce,
+        "builtin": builtin.reduce,
+        "naive": naive.reduce,
+        "ring": ring.reduce,
         "tree": tree.reduce,
     },
 }
@@ -43,8 +54,18 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {c: (*impls, "auto") for c, impls in _I
 COLLECTIVES: tuple[str, ...] = tuple(_IMPLS)
 
 __all__ = [
-    "ALGORITHMS", "COLLECTIVES", "DTYPES", "OPS", "all_gather", "all_reduce", "broadcast",
-    "check_algorithm", "reduce", "reduce_scatter", "resolve",
+    "ALGORITHMS",
+    "COLLECTIVES",
+    "DTYPES",
+    "OPS",
+    "all_gather",
+    "all_reduce",
+    "broadcast",
+    "Workspace",
+    "check_algorithm",
+    "reduce",
+    "reduce_scatter",
+    "resolve",
 ]
 
 
@@ -134,8 +155,9 @@ def _run(
     algo = resolve(collective, algorithm, size_bytes, world)
     if check:
         algo_code = list(ALGORITHMS[collective]).index(algorithm)
-        _agree(group, tensor.device, tensor.numel(), _DTYPE_CODES[tensor.dtype], _OP_CODES[op],
-               algo_code, root)
+        _agree(
+            group, tensor.device, tensor.numel(), _DTYPE_CODES[tensor.dtype], _OP_CODES[op], algo_code, root
+        )
     return _IMPLS[collective][algo]
 
 
@@ -146,12 +168,13 @@ def all_reduce(
     group: dist.ProcessGroup | None = None,
     *,
     check: bool = True,
+    workspace: Workspace | None = None,
 ) -> None:
     """Reduce ``tensor`` across ranks in place (like ``torch.distributed.all_reduce``)."""
     _check_tensor("tensor", tensor)
     check_op(op, tensor.dtype)
     size = tensor.numel() * tensor.element_size()
-    _run("all_reduce", algorithm, tensor, op, group, check, 0, size)(tensor, op, group)
+    _run("all_reduce", algorithm, tensor, op, group, check, 0, size)(tensor, op, group, workspace=workspace)
 
 
 def reduce_scatter(
@@ -162,12 +185,15 @@ def reduce_scatter(
     group: dist.ProcessGroup | None = None,
     *,
     check: bool = True,
+    workspace: Workspace | None = None,
 ) -> None:
     """Reduce ``input`` across ranks; rank r's ``output`` gets chunk r (``reduce_scatter_tensor``)."""
     _check_pair(output, input, dist.get_world_size(group), "reduce_scatter")
     check_op(op, input.dtype)
     size = input.numel() * input.element_size()
-    _run("reduce_scatter", algorithm, input, op, group, check, 0, size)(output, input, op, group)
+    _run("reduce_scatter", algorithm, input, op, group, check, 0, size)(
+        output, input, op, group, workspace=workspace
+    )
 
 
 def all_gather(
@@ -177,11 +203,14 @@ def all_gather(
     group: dist.ProcessGroup | None = None,
     *,
     check: bool = True,
+    workspace: Workspace | None = None,
 ) -> None:
     """Concatenate every rank's ``input`` into ``output`` in rank order (``all_gather_into_tensor``)."""
     _check_pair(output, input, dist.get_world_size(group), "all_gather")
     size = output.numel() * output.element_size()
-    _run("all_gather", algorithm, input, "sum", group, check, 0, size)(output, input, group)
+    _run("all_gather", algorithm, input, "sum", group, check, 0, size)(
+        output, input, group, workspace=workspace
+    )
 
 
 def broadcast(
@@ -191,12 +220,15 @@ def broadcast(
     group: dist.ProcessGroup | None = None,
     *,
     check: bool = True,
+    workspace: Workspace | None = None,
 ) -> None:
     """Copy ``tensor`` from rank ``src`` (within ``group``) to every rank."""
     _check_tensor("tensor", tensor)
     _check_root("src", src, dist.get_world_size(group))
     size = tensor.numel() * tensor.element_size()
-    _run("broadcast", algorithm, tensor, "sum", group, check, src, size)(tensor, src, group)
+    _run("broadcast", algorithm, tensor, "sum", group, check, src, size)(
+        tensor, src, group, workspace=workspace
+    )
 
 
 def reduce(
@@ -207,6 +239,7 @@ def reduce(
     group: dist.ProcessGroup | None = None,
     *,
     check: bool = True,
+    workspace: Workspace | None = None,
 ) -> None:
     """Reduce ``tensor`` across ranks into rank ``dst``; hand-written algorithms leave the other
     ranks' tensors unchanged."""
@@ -214,4 +247,6 @@ def reduce(
     check_op(op, tensor.dtype)
     _check_root("dst", dst, dist.get_world_size(group))
     size = tensor.numel() * tensor.element_size()
-    _run("reduce", algorithm, tensor, op, group, check, dst, size)(tensor, dst, op, group)
+    _run("reduce", algorithm, tensor, op, group, check, dst, size)(
+        tensor, dst, op, group, workspace=workspace
+    )

@@ -1,4 +1,6 @@
-"""The backend's own collectives: the reference every hand-written algorithm is checked against."""
+"""The backend's own collectives: the reference every hand-written algorithm is checked against.
+
+They take (and ignore) the ``workspace`` keyword the hand-written ones use."""
 
 from __future__ import annotations
 
@@ -23,29 +25,32 @@ def _finish_avg(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None) 
         tensor.div_(dist.get_world_size(group))
 
 
-def all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None) -> None:
+def all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None, **_: object) -> None:
     dist.all_reduce(tensor, op=_op(op, group), group=group)
     _finish_avg(tensor, op, group)
 
 
 def reduce_scatter(
-    output: torch.Tensor, input: torch.Tensor, op: str, group: dist.ProcessGroup | None
+    output: torch.Tensor, input: torch.Tensor, op: str, group: dist.ProcessGroup | None, **_: object
 ) -> None:
     dist.reduce_scatter_tensor(output, input, op=_op(op, group), group=group)
     _finish_avg(output, op, group)
 
 
-def all_gather(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+def all_gather(
+    output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None, **_: object
+) -> None:
     dist.all_gather_into_tensor(output, input, group=group)
 
 
-def broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None) -> None:
+def broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None, **_: object) -> None:
     dist.broadcast(tensor, src=p2p.global_rank(group, src), group=group)
 
 
-def reduce(tensor: torch.Tensor, dst: int, op: str, group: dist.ProcessGroup | None) -> None:
+def reduce(tensor: torch.Tensor, dst: int, op: str, group: dist.ProcessGroup | None, **_: object) -> None:
     # AVG is not a reduce op on every backend: sum, then divide at the destination.
-    dist.reduce(tensor, dst=p2p.global_rank(group, dst), op=torch_reduce_op(
-        "sum" if op == "avg" else op), group=group)
+    dist.reduce(
+        tensor, dst=p2p.global_rank(group, dst), op=torch_reduce_op("sum" if op == "avg" else op), group=group
+    )
     if op == "avg" and dist.get_rank(group) == dst:
         tensor.div_(dist.get_world_size(group))

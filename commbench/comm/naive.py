@@ -8,19 +8,22 @@ import torch
 import torch.distributed as dist
 
 from commbench.comm import p2p
+from commbench.comm.workspace import Workspace, scratch
 from commbench.kernels import reduce_into
 
 ROOT = 0
 
 
-def _reduce_at(flat: torch.Tensor, out: torch.Tensor, root: int, op: str, group) -> None:
+def _reduce_at(
+    flat: torch.Tensor, out: torch.Tensor, root: int, op: str, group, workspace: Workspace | None
+) -> None:
     """Root receives every other rank's ``flat`` and reduces them, in rank order, into ``out``."""
     rank, world = p2p.group_rank(group)
     if rank != root:
         p2p.wait_all([p2p.send(flat, root, group)])
         return
     peers = [r for r in range(world) if r != root]
-    bufs = [torch.empty_like(flat) for _ in peers]
+    bufs = scratch(workspace, "naive.recv", (len(peers), flat.numel()), flat)
     works = [p2p.recv(buf, r, group) for buf, r in zip(bufs, peers, strict=True)]
     if out.data_ptr() != flat.data_ptr():
         out.copy_(flat)
@@ -30,12 +33,14 @@ def _reduce_at(flat: torch.Tensor, out: torch.Tensor, root: int, op: str, group)
         reduce_into(out, out, buf, op)
 
 
-def all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None) -> None:
+def all_reduce(
+    tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None, *, workspace: Workspace | None = None
+) -> None:
     """Reduce at rank 0, then rank 0 sends the result to every rank."""
     rank, world = p2p.group_rank(group)
     flat = tensor.view(-1)
     if world > 1 and flat.numel() > 0:
-        _reduce_at(flat, flat, ROOT, op, group)
+        _reduce_at(flat, flat, ROOT, op, group, workspace)
         _scatter_whole(flat, ROOT, group)
     if op == "avg":
         tensor.div_(world)
@@ -50,24 +55,38 @@ def _scatter_whole(flat: torch.Tensor, root: int, group) -> None:
         p2p.wait_all([p2p.recv(flat, root, group)])
 
 
-def broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None) -> None:
+def broadcast(
+    tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None, *, workspace: Workspace | None = None
+) -> None:
     """``src`` sends the whole tensor to every other rank directly."""
     if tensor.numel() > 0:
         _scatter_whole(tensor.view(-1), src, group)
 
 
-def reduce(tensor: torch.Tensor, dst: int, op: str, group: dist.ProcessGroup | None) -> None:
+def reduce(
+    tensor: torch.Tensor,
+    dst: int,
+    op: str,
+    group: dist.ProcessGroup | None,
+    *,
+    workspace: Workspace | None = None,
+) -> None:
     """Every rank sends to ``dst``, which reduces in rank order; other tensors stay unchanged."""
     rank, world = p2p.group_rank(group)
     flat = tensor.view(-1)
     if world > 1 and flat.numel() > 0:
-        _reduce_at(flat, flat, dst, op, group)
+        _reduce_at(flat, flat, dst, op, group, workspace)
     if op == "avg" and rank == dst:
         tensor.div_(world)
 
 
 def reduce_scatter(
-    output: torch.Tensor, input: torch.Tensor, op: str, group: dist.ProcessGroup | None
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: str,
+    group: dist.ProcessGroup | None,
+    *,
+    workspace: Workspace | None = None,
 ) -> None:
     """Reduce the whole input at rank 0, then rank 0 sends chunk r to rank r."""
     rank, world = p2p.group_rank(group)
@@ -76,19 +95,25 @@ def reduce_scatter(
     if world == 1 or m == 0:
         flat_out.copy_(flat_in)
     elif rank == ROOT:
-        total = torch.empty_like(flat_in)
-        _reduce_at(flat_in, total, ROOT, op, group)
+        total = scratch(workspace, "naive.total", (flat_in.numel(),), flat_in)
+        _reduce_at(flat_in, total, ROOT, op, group, workspace)
         works = [p2p.send(total[r * m : (r + 1) * m], r, group) for r in range(world) if r != ROOT]
         flat_out.copy_(total[ROOT * m : (ROOT + 1) * m])
         p2p.wait_all(works)
     else:
-        _reduce_at(flat_in, flat_in, ROOT, op, group)
+        _reduce_at(flat_in, flat_in, ROOT, op, group, workspace)
         p2p.wait_all([p2p.recv(flat_out, ROOT, group)])
     if op == "avg":
         output.div_(world)
 
 
-def all_gather(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+def all_gather(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    *,
+    workspace: Workspace | None = None,
+) -> None:
     """Every rank sends its input to rank 0, which assembles the output and sends it to all."""
     rank, world = p2p.group_rank(group)
     m = input.numel()
@@ -97,8 +122,7 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGro
     if world == 1 or m == 0:
         return
     if rank == ROOT:
-        p2p.wait_all([p2p.recv(flat[r * m : (r + 1) * m], r, group) for r in range(world)
-                      if r != ROOT])
+        p2p.wait_all([p2p.recv(flat[r * m : (r + 1) * m], r, group) for r in range(world) if r != ROOT])
     else:
         p2p.wait_all([p2p.send(input.view(-1), ROOT, group)])
     _scatter_whole(flat, ROOT, group)

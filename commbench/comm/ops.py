@@ -34,9 +34,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     try:
         return _DTYPE_NAMES[dtype]
     except KeyError:
-        raise ValueError(
-            f"unsupported dtype {dtype}; choose from {', '.join(DTYPES)}"
-        ) from None
+        raise ValueError(f"unsupported dtype {dtype}; choose from {', '.join(DTYPES)}") from None
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -60,4 +58,3 @@ def check_op(op: str, dtype: torch.dtype) -> str:
 def torch_reduce_op(op: str) -> dist.ReduceOp:
     """The torch.distributed ReduceOp for an op name."""
     return _REDUCE_OPS[op]
-

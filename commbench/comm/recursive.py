@@ -15,17 +15,24 @@ from commbench.comm.chunking import (
     recursive_doubling_rank,
     recursive_doubling_real,
 )
+from commbench.comm.workspace import Workspace, scratch
 from commbench.kernels import reduce_into
 
 
-def all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None) -> None:
+def all_reduce(
+    tensor: torch.Tensor,
+    op: str,
+    group: dist.ProcessGroup | None,
+    *,
+    workspace: Workspace | None = None,
+) -> None:
     """Recursive doubling all-reduce of ``tensor`` in place."""
     rank, world = p2p.group_rank(group)
     flat = tensor.view(-1)
     if world > 1 and flat.numel() > 0:
         core, folded = recursive_doubling_layout(world)
         me = recursive_doubling_rank(rank, world)
-        buf = torch.empty_like(flat)
+        buf = scratch(workspace, "rd.recv", (flat.numel(),), flat)
         if me is None:  # folded: hand over, then wait for the result
             p2p.wait_all([p2p.send(flat, rank + 1, group)])
             p2p.wait_all([p2p.recv(flat, rank + 1, group)])

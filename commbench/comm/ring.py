@@ -12,7 +12,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from commbench.comm import p2p, pipeline
+from commbench.comm import p2p, pipeline, tree
 from commbench.comm.chunking import (
     Span,
     num_segments,
@@ -22,19 +22,10 @@ from commbench.comm.chunking import (
     sub_span,
 )
 from commbench.comm.pipeline import Unit
+from commbench.comm.workspace import Workspace, scratch
 
-SEGMENT_BYTES = 1 << 20  # measured: 256 KiB to 1 MiB segments run fastest over gloo on loopback
-
-
-class _Slots:
-    """``nseg`` fixed scratch slots, so segment k always lands at the same place."""
-
-    def __init__(self, nseg: int, max_chunk: int, like: torch.Tensor, copies: int = 1) -> None:
-        self.cap = math.ceil(max_chunk / nseg) if max_chunk else 0
-        self.buf = torch.empty((copies, nseg, self.cap), dtype=like.dtype, device=like.device)
-
-    def get(self, k: int, length: int, copy: int = 0) -> torch.Tensor:
-        return self.buf[copy, k, :length]
+SEGMENT_BYTES = 2 << 20  # pipeline segment; tuned with commbench sweep (docs/PERFORMANCE.md)
+WINDOW = 4  # segments in flight per direction
 
 
 def _seg(flat: torch.Tensor, span: Span, nseg: int, k: int) -> torch.Tensor:
@@ -54,41 +45,44 @@ def _reduce_scatter_units(
     rank: int,
     world: int,
     nseg: int,
+    window: int,
+    workspace: Workspace | None,
+    *,
     in_place: bool,
 ) -> list[Unit]:
     """Units of a ring reduce-scatter over ``chunks`` of flat ``inp``; chunk ``rank`` ends in own_out.
 
-    In place (all-reduce), partial sums accumulate in ``inp`` itself; otherwise ``inp`` is left
-    unchanged and partial sums rotate through two slot buffers.
+    In place (all-reduce), partial sums accumulate in ``inp`` itself. Otherwise ``inp`` is left
+    unchanged and partial sums alternate between ``own_out`` and one spare chunk, arranged so the
+    last step lands in ``own_out``. Arriving segments go to ``window`` scratch slots (unit i uses
+    slot i mod window, free again once unit i - window has been reduced).
     """
     max_chunk = max(b - a for a, b in chunks)
-    scratch = _Slots(nseg, max_chunk, inp)
-    acc = None if in_place or world <= 2 else _Slots(nseg, max_chunk, inp, copies=2)
-    units = []
+    cap = math.ceil(max_chunk / nseg)
+    slots = scratch(workspace, "ring.slots", (window, cap), inp)
     order = ring_reduce_scatter_order(rank, world)
+    if not in_place and any(b - a != own_out.numel() for a, b in chunks):
+        raise ValueError("a reduce-scatter out of place needs equal chunks")
+    spare = None if in_place or world <= 2 else scratch(workspace, "ring.spare", (max_chunk,), inp)
+    # Partial sums of step s go to own_out when (last - s) is even, so the last one ends there.
+    last = len(order) - 1
+
+    def acc(s: int, k: int) -> torch.Tensor:
+        return _seg(own_out if (last - s) % 2 == 0 else spare, (0, max_chunk), nseg, k)
+
+    units = []
     for s, (cs, cr) in enumerate(order):
-        last = s == len(order) - 1
         for k in range(nseg):
             n_recv = _local_len(chunks[cr], nseg, k)
-            if in_place or s == 0:
-                send = _seg(inp, chunks[cs], nseg, k)
-            else:
-                send = acc.get(k, _local_len(chunks[cs], nseg, k), (s - 1) % 2)
-            if in_place:
-                out = _seg(inp, chunks[cr], nseg, k)
-            elif last:
-                out = _seg(own_out, (0, own_out.numel()), nseg, k)
-            else:
-                out = acc.get(k, n_recv, s % 2)
+            send = _seg(inp, chunks[cs], nseg, k) if in_place or s == 0 else acc(s - 1, k)
+            out = _seg(inp, chunks[cr], nseg, k) if in_place else acc(s, k)
             units.append(
-                Unit(send, scratch.get(k, n_recv), (out, _seg(inp, chunks[cr], nseg, k)))
+                Unit(send, slots[len(units) % window, :n_recv], (out, _seg(inp, chunks[cr], nseg, k)))
             )
     return units
 
 
-def _all_gather_units(
-    flat: torch.Tensor, chunks: list[Span], rank: int, world: int, nseg: int
-) -> list[Unit]:
+def _all_gather_units(flat: torch.Tensor, chunks: list[Span], rank: int, world: int, nseg: int) -> list[Unit]:
     units = []
     for cs, cr in ring_all_gather_order(rank, world):
         for k in range(nseg):
@@ -96,8 +90,15 @@ def _all_gather_units(
     return units
 
 
-def _nseg(chunks: list[Span], itemsize: int, segment_bytes: int) -> int:
-    return num_segments(max(b - a for a, b in chunks), itemsize, segment_bytes)
+def _plan(chunks: list[Span], itemsize: int, segment_bytes: int, window: int) -> tuple[int, int]:
+    """(segments per chunk, units in flight). A unit sends what the unit nseg before it
+    received, so the window never exceeds nseg."""
+    nseg = num_segments(max(b - a for a, b in chunks), itemsize, segment_bytes)
+    return nseg, max(1, min(window, nseg))
+
+
+def _run(units: list[Unit], rank: int, world: int, window: int, op: str, group) -> None:
+    pipeline.run(units, right=(rank + 1) % world, left=(rank - 1) % world, window=window, op=op, group=group)
 
 
 def all_reduce(
@@ -106,21 +107,43 @@ def all_reduce(
     group: dist.ProcessGroup | None,
     *,
     segment_bytes: int = SEGMENT_BYTES,
+    window: int = WINDOW,
+    workspace: Workspace | None = None,
 ) -> None:
     """Ring all-reduce of ``tensor`` in place."""
     rank, world = p2p.group_rank(group)
     flat = tensor.view(-1)
     if world > 1 and flat.numel() > 0:
         chunks = split(flat.numel(), world)
-        nseg = _nseg(chunks, flat.element_size(), segment_bytes)
-        units = _reduce_scatter_units(flat, chunks, flat, rank, world, nseg, in_place=True)
+        nseg, win = _plan(chunks, flat.element_size(), segment_bytes, window)
+        units = _reduce_scatter_units(flat, chunks, flat, rank, world, nseg, win, workspace, in_place=True)
         units += _all_gather_units(flat, chunks, rank, world, nseg)
-        pipeline.run(
-            units, right=(rank + 1) % world, left=(rank - 1) % world, window=nseg, op=op,
-            group=group,
-        )
+        _run(units, rank, world, win, op, group)
     if op == "avg":
         tensor.div_(world)
+
+
+def _reduce_scatter_equal(
+    flat_out: torch.Tensor,
+    flat_in: torch.Tensor,
+    op: str,
+    group,
+    segment_bytes: int,
+    window: int,
+    workspace: Workspace | None,
+) -> None:
+    """Reduce-scatter of ``flat_in`` (world x len(flat_out) elements) leaving the input intact."""
+    rank, world = p2p.group_rank(group)
+    m = flat_out.numel()
+    if world == 1:
+        flat_out.copy_(flat_in)
+    elif m > 0:
+        chunks = [(i * m, (i + 1) * m) for i in range(world)]
+        nseg, win = _plan(chunks, flat_in.element_size(), segment_bytes, window)
+        units = _reduce_scatter_units(
+            flat_in, chunks, flat_out, rank, world, nseg, win, workspace, in_place=False
+        )
+        _run(units, rank, world, win, op, group)
 
 
 def reduce_scatter(
@@ -130,23 +153,13 @@ def reduce_scatter(
     group: dist.ProcessGroup | None,
     *,
     segment_bytes: int = SEGMENT_BYTES,
+    window: int = WINDOW,
+    workspace: Workspace | None = None,
 ) -> None:
     """Ring reduce-scatter: rank r's ``output`` gets chunk r of the reduced ``input``."""
-    rank, world = p2p.group_rank(group)
-    m = output.numel()
-    flat_in, flat_out = input.view(-1), output.view(-1)
-    if world == 1:
-        flat_out.copy_(flat_in)
-    elif m > 0:
-        chunks = [(i * m, (i + 1) * m) for i in range(world)]
-        nseg = _nseg(chunks, flat_in.element_size(), segment_bytes)
-        units = _reduce_scatter_units(flat_in, chunks, flat_out, rank, world, nseg, in_place=False)
-        pipeline.run(
-            units, right=(rank + 1) % world, left=(rank - 1) % world, window=nseg, op=op,
-            group=group,
-        )
+    _reduce_scatter_equal(output.view(-1), input.view(-1), op, group, segment_bytes, window, workspace)
     if op == "avg":
-        output.div_(world)
+        output.div_(dist.get_world_size(group))
 
 
 def all_gather(
@@ -155,6 +168,8 @@ def all_gather(
     group: dist.ProcessGroup | None,
     *,
     segment_bytes: int = SEGMENT_BYTES,
+    window: int = WINDOW,
+    workspace: Workspace | None = None,
 ) -> None:
     """Ring all-gather: ``output`` is every rank's ``input`` concatenated in rank order."""
     rank, world = p2p.group_rank(group)
@@ -163,12 +178,8 @@ def all_gather(
     flat[rank * m : (rank + 1) * m].copy_(input.view(-1))
     if world > 1 and m > 0:
         chunks = [(i * m, (i + 1) * m) for i in range(world)]
-        nseg = _nseg(chunks, flat.element_size(), segment_bytes)
-        pipeline.run(
-            _all_gather_units(flat, chunks, rank, world, nseg),
-            right=(rank + 1) % world, left=(rank - 1) % world, window=nseg, op="sum",
-            group=group,
-        )
+        nseg, win = _plan(chunks, flat.element_size(), segment_bytes, window)
+        _run(_all_gather_units(flat, chunks, rank, world, nseg), rank, world, win, "sum", group)
 
 
 def broadcast(
@@ -177,8 +188,9 @@ def broadcast(
     group: dist.ProcessGroup | None,
     *,
     segment_bytes: int = SEGMENT_BYTES,
+    workspace: Workspace | None = None,
 ) -> None:
-    """Pipelined chain broadcast: src -> src+1 -> ... , each segment forwarded on arrival."""
+    """Pipelined chain broadcast: src -> src+1 -> ..., each segment forwarded on arrival."""
     rank, world = p2p.group_rank(group)
     flat = tensor.view(-1)
     if world == 1 or flat.numel() == 0:
@@ -207,29 +219,28 @@ def reduce(
     group: dist.ProcessGroup | None,
     *,
     segment_bytes: int = SEGMENT_BYTES,
+    window: int = WINDOW,
+    workspace: Workspace | None = None,
 ) -> None:
-    """Ring reduce-scatter, then every rank sends its reduced chunk to ``dst``.
+    """Ring reduce-scatter over the first world x (count // world) elements, then every rank
+    sends its reduced chunk to ``dst``; the few leftover elements go up a binomial tree.
 
     Tensors on ranks other than ``dst`` are left unchanged.
     """
     rank, world = p2p.group_rank(group)
     flat = tensor.view(-1)
-    if world > 1 and flat.numel() > 0:
-        chunks = split(flat.numel(), world)
-        nseg = _nseg(chunks, flat.element_size(), segment_bytes)
-        a, b = chunks[rank]
-        own = torch.empty(b - a, dtype=flat.dtype, device=flat.device)
-        units = _reduce_scatter_units(flat, chunks, own, rank, world, nseg, in_place=False)
-        pipeline.run(
-            units, right=(rank + 1) % world, left=(rank - 1) % world, window=nseg, op=op,
-            group=group,
-        )
+    m = flat.numel() // world
+    body, tail = flat[: m * world], flat[m * world :]
+    if world > 1 and m > 0:
+        own = scratch(workspace, "ring.own", (m,), flat)
+        _reduce_scatter_equal(own, body, op, group, segment_bytes, window, workspace)
         if rank == dst:
-            works = [p2p.recv(flat[c0:c1], r, group) for r, (c0, c1) in enumerate(chunks)
-                     if r != dst]
-            flat[a:b].copy_(own)
+            works = [p2p.recv(body[r * m : (r + 1) * m], r, group) for r in range(world) if r != dst]
+            body[dst * m : (dst + 1) * m].copy_(own)
             p2p.wait_all(works)
         else:
             p2p.wait_all([p2p.send(own, dst, group)])
+    if world > 1 and tail.numel() > 0:
+        tree.reduce(tail, dst, "sum" if op == "avg" else op, group, workspace=workspace)
     if op == "avg" and rank == dst:
         tensor.div_(world)

@@ -1,0 +1,149 @@
+"""Starting ranks: torch.distributed's elastic launcher locally, or the environment a launcher set.
+
+``run(fn, args, world_size=N)`` starts N local ranks through the elastic launcher (the engine of
+torchrun) with a c10d rendezvous on 127.0.0.1 whose port the launcher picks. Under torchrun or
+SLURM (RANK and WORLD_SIZE, or SLURM_PROCID and SLURM_NTASKS, set) it runs ``fn`` in this
+process instead, so multi-node runs are ``torchrun --nnodes ... -m commbench ...``. Either way
+each rank joins a process group before ``fn`` runs and leaves it after.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("gloo", "nccl")
+
+
+class RankFailed(RuntimeError):
+    """A rank ended with an error or was killed; the message names the rank."""
+
+    def __init__(self, rank: int, message: str) -> None:
+        super().__init__(f"rank {rank} failed: {message}")
+        self.rank = rank
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSpec:
+    """How ranks are started and joined. ``backend=None`` picks nccl on cuda, gloo on cpu."""
+
+    world_size: int = 1
+    device: str = "cpu"
+    backend: str | None = None
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world size must be >= 1, got {self.world_size}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; choose from {', '.join(BACKENDS)}")
+        if self.backend == "nccl" and self.device != "cuda":
+            raise ValueError("backend nccl needs --device cuda")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
+
+    @property
+    def resolved_backend(self) -> str:
+        return self.backend or ("nccl" if self.device == "cuda" else "gloo")
+
+
+def launched_externally() -> bool:
+    """True when a launcher (torchrun, SLURM) already made this process one rank of a job."""
+    env = os.environ
+    return ("RANK" in env and "WORLD_SIZE" in env) or (
+        "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "MASTER_ADDR" in env
+    )
+
+
+def _adopt_slurm_env() -> None:
+    env = os.environ
+    if "RANK" not in env and "SLURM_PROCID" in env:
+        env["RANK"] = env["SLURM_PROCID"]
+        env["WORLD_SIZE"] = env["SLURM_NTASKS"]
+        env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
+        env.setdefault("MASTER_PORT", "29500")
+
+
+def external_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+
+
+def _rank_main(fn: Callable[..., Any], args: tuple, spec: LaunchSpec, error_dir: str | None) -> Any:
+    """Body of every rank: join the group, run ``fn``, leave; record a one-line error on failure."""
+    try:
+        device = torch.device(spec.device)
+        if spec.device == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("--device cuda asked for, but CUDA is not available")
+            local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+            torch.cuda.set_device(local)
+            device = torch.device("cuda", local)
+        kwargs: dict[str, Any] = {}
+        if spec.resolved_backend == "nccl":
+            kwargs["device_id"] = device
+        dist.init_process_group(spec.resolved_backend, timeout=timedelta(seconds=spec.timeout_s), **kwargs)
+        try:
+            return fn(*args)
+        finally:
+            dist.destroy_process_group()
+    except BaseException as exc:
+        if error_dir is not None:
+            rank = os.environ.get("RANK", "?")
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+            Path(error_dir, f"rank{rank}.err").write_text(text)
+        raise
+
+
+def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]:
+    """Run ``fn(*args)`` on every rank; returns {rank: return value} for the ranks of this node.
+
+    Raises:
+        RankFailed: a rank raised or died; the others are stopped, nothing is left running.
+    """
+    if launched_externally():
+        _adopt_slurm_env()
+        return {int(os.environ["RANK"]): _rank_main(fn, args, spec, None)}
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory(prefix="commbench-") as error_dir:
+        config = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=spec.world_size,
+            run_id=f"commbench-{uuid.uuid4().hex[:8]}",
+            rdzv_backend="c10d",
+            rdzv_endpoint="127.0.0.1:0",
+            rdzv_configs={"timeout": int(spec.timeout_s)},
+            max_restarts=0,
+            monitor_interval=0.1,
+            start_method="spawn",
+            local_addr="127.0.0.1",
+        )
+        try:
+            return elastic_launch(config, _rank_main)(fn, args, spec, error_dir)
+        except ChildFailedError as exc:
+            rank, failure = exc.get_first_failure()
+            path = Path(error_dir, f"rank{rank}.err")
+            if path.exists():
+                message = path.read_text()
+            elif failure.signal_name() != "<N/A>":
+                message = f"killed by {failure.signal_name()}"
+            else:
+                message = f"exited with code {failure.exitcode}"
+            raise RankFailed(rank, message) from None

@@ -1,0 +1,200 @@
+"""The cost model: bytes each rank sends and receives, and the alpha-beta time of each algorithm.
+
+Sizes follow nccl-tests: for reduce_scatter and all_gather ``count`` is the whole (gathered)
+array, n times the per-rank part. ``builtin`` is priced as a ring, the algorithm gloo and NCCL
+use for large messages. Time = steps x alpha + critical_bytes x beta, where critical_bytes is
+what the busiest link carries in sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from commbench.comm import tuning
+from commbench.comm.chunking import (
+    binomial_children,
+    binomial_parent,
+    num_segments,
+    recursive_doubling_layout,
+    ring_all_gather_order,
+    ring_reduce_scatter_order,
+    split,
+    tree_depth,
+)
+
+SEGMENT_BYTES = 1 << 20  # keep equal to commbench.comm.ring.SEGMENT_BYTES (checked by a test)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cost:
+    """What one collective call costs: per-rank bytes, latency steps, busiest-link bytes."""
+
+    collective: str
+    algorithm: str
+    world_size: int
+    size_bytes: int
+    sent_bytes: tuple[int, ...]
+    recv_bytes: tuple[int, ...]
+    steps: int
+    critical_bytes: int
+
+    @property
+    def total_sent_bytes(self) -> int:
+        return sum(self.sent_bytes)
+
+    def time_s(self, alpha_s: float, beta_s_per_byte: float) -> float:
+        """Predicted time under the alpha-beta model."""
+        return self.steps * alpha_s + self.critical_bytes * beta_s_per_byte
+
+
+def _chunk_bytes(count: int, world: int, itemsize: int) -> list[int]:
+    return [(b - a) * itemsize for a, b in split(count, world)]
+
+
+def _ring_all_reduce(count: int, n: int, item: int) -> tuple[list[int], list[int], int, int]:
+    c = _chunk_bytes(count, n, item)
+    sent, recv = [], []
+    for r in range(n):
+        rs, ag = ring_reduce_scatter_order(r, n), ring_all_gather_order(r, n)
+        sent.append(sum(c[s] for s, _ in rs) + sum(c[s] for s, _ in ag))
+        recv.append(sum(c[x] for _, x in rs) + sum(c[x] for _, x in ag))
+    return sent, recv, 2 * (n - 1), max(max(sent), max(recv))
+
+
+def _rd_all_reduce(size: int, n: int) -> tuple[list[int], list[int], int, int]:
+    core, folded = recursive_doubling_layout(n)
+    rounds = core.bit_length() - 1
+    sent, recv = [], []
+    for r in range(n):
+        if r < 2 * folded:
+            extra = size if r % 2 else 0  # the odd partner receives the fold and returns the result
+            own = 0 if r % 2 == 0 else rounds * size
+            sent.append(own + (size if r % 2 == 0 else extra))
+            recv.append(own + (size if r % 2 == 0 else extra))
+        else:
+            sent.append(rounds * size)
+            recv.append(rounds * size)
+    steps = rounds + (2 if folded else 0)
+    return sent, recv, steps, steps * size
+
+
+def _ring_reduce(count: int, n: int, item: int, dst: int) -> tuple[list[int], list[int], int, int]:
+    c = _chunk_bytes(count, n, item)
+    size = count * item
+    sent = [size - c[r] + (c[r] if r != dst else 0) for r in range(n)]
+    recv = [size - c[(r - 1) % n] + (size - c[dst] if r == dst else 0) for r in range(n)]
+    return sent, recv, 2 * (n - 1), max(sent[r] for r in range(n)) + (size - c[dst])
+
+
+def cost(
+    collective: str,
+    algorithm: str,
+    world_size: int,
+    count: int,
+    itemsize: int,
+    *,
+    root: int = 0,
+    segment_bytes: int = SEGMENT_BYTES,
+) -> Cost:
+    """Price one call. ``algorithm="auto"`` is priced as what it resolves to.
+
+    Args:
+        collective: all_reduce, reduce_scatter, all_gather, broadcast or reduce.
+        algorithm: a name from ``commbench.comm.ALGORITHMS``.
+        world_size: ranks taking part.
+        count: elements (the whole gathered array for reduce_scatter and all_gather).
+        itemsize: bytes per element.
+        root: source of broadcast, destination of reduce.
+    """
+    n, size = world_size, count * itemsize
+    if n < 1:
+        raise ValueError(f"world_size must be >= 1, got {n}")
+    if algorithm == "auto":
+        algorithm = tuning.choose(collective, size, n)
+    priced = "ring" if algorithm == "builtin" else algorithm
+    zero = [0] * n
+    if n == 1 or count == 0:
+        sent, recv, steps, critical = zero, zero, 0, 0
+    elif collective == "all_reduce":
+        if priced == "ring":
+            sent, recv, steps, critical = _ring_all_reduce(count, n, itemsize)
+        elif priced == "naive":
+            sent = [(n - 1) * size] + [size] * (n - 1)
+            recv = list(sent)
+            steps, critical = 2 * (n - 1), 2 * (n - 1) * size
+        elif priced == "rd":
+            sent, recv, steps, critical = _rd_all_reduce(size, n)
+        else:
+            raise ValueError(f"no cost for {collective}/{algorithm}")
+    elif collective in ("reduce_scatter", "all_gather"):
+        part = size // n
+        if priced == "ring":
+            sent = [(n - 1) * part] * n
+            recv = list(sent)
+            steps, critical = n - 1, (n - 1) * part
+        elif priced == "naive":
+            if collective == "reduce_scatter":  # whole inputs in, one part back out
+                sent = [(n - 1) * part] + [size] * (n - 1)
+                recv = [(n - 1) * size] + [part] * (n - 1)
+            else:  # parts in, the whole array back out
+                sent = [(n - 1) * size] + [part] * (n - 1)
+                recv = [(n - 1) * part] + [size] * (n - 1)
+            steps, critical = 2 * (n - 1), sent[0] + recv[0]
+        else:
+            raise ValueError(f"no cost for {collective}/{algorithm}")
+    elif collective == "broadcast":
+        rel = [(r - root) % n for r in range(n)]
+        if priced == "naive":
+            sent = [(n - 1) * size if x == 0 else 0 for x in rel]
+            recv = [0 if x == 0 else size for x in rel]
+            steps, critical = n - 1, (n - 1) * size
+        elif priced == "tree":
+            sent = [len(binomial_children(x, n)) * size for x in rel]
+            recv = [0 if binomial_parent(x) is None else size for x in rel]
+            steps, critical = tree_depth(n), tree_depth(n) * size
+        elif priced == "ring":
+            nseg = num_segments(count, itemsize, segment_bytes)
+            seg = -(-size // nseg)
+            sent = [size if x < n - 1 else 0 for x in rel]
+            recv = [0 if x == 0 else size for x in rel]
+            steps, critical = n - 2 + nseg, size + (n - 2) * seg
+        else:
+            raise ValueError(f"no cost for {collective}/{algorithm}")
+    elif collective == "reduce":
+        rel = [(r - root) % n for r in range(n)]
+        if priced == "naive":
+            sent = [0 if x == 0 else size for x in rel]
+            recv = [(n - 1) * size if x == 0 else 0 for x in rel]
+            steps, critical = n - 1, (n - 1) * size
+        elif priced == "tree":
+            sent = [0 if binomial_parent(x) is None else size for x in rel]
+            recv = [len(binomial_children(x, n)) * size for x in rel]
+            steps, critical = tree_depth(n), tree_depth(n) * size
+        elif priced == "ring":
+            sent, recv, steps, critical = _ring_reduce(count, n, itemsize, root)
+        else:
+            raise ValueError(f"no cost for {collective}/{algorithm}")
+    else:
+        raise ValueError(f"unknown collective {collective!r}")
+    return Cost(
+        collective=collective,
+        algorithm=algorithm,
+        world_size=n,
+        size_bytes=size,
+        sent_bytes=tuple(sent),
+        recv_bytes=tuple(recv),
+        steps=steps,
+        critical_bytes=critical,
+    )
+
+
+def bus_factor(collective: str, world_size: int) -> float:
+    """nccl-tests' bus-bandwidth factor: busbw = algbw x factor."""
+    n = world_size
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("reduce_scatter", "all_gather"):
+        return (n - 1) / n
+    if collective in ("broadcast", "reduce", "sendrecv"):
+        return 1.0
+    raise ValueError(f"unknown collective {collective!r}")
