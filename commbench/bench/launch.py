@@ -83,6 +83,9 @@ def external_world_size() -> int:
 def _rank_main(fn: Callable[..., Any], args: tuple, spec: LaunchSpec, error_dir: str | None) -> Any:
     """Body of every rank: join the group, run ``fn``, leave; record a one-line error on failure."""
     try:
+        if "OMP_NUM_THREADS" not in os.environ:  # as torchrun: ranks share the cores, no oversubscription
+            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
         device = torch.device(spec.device)
         if spec.device == "cuda":
             if not torch.cuda.is_available():
@@ -119,7 +122,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torchelastic-events-null"):
         logging.getLogger(name).setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="commbench-") as error_dir:
         config = LaunchConfig(

@@ -79,11 +79,20 @@ def _rd_all_reduce(size: int, n: int) -> tuple[list[int], list[int], int, int]:
 
 
 def _ring_reduce(count: int, n: int, item: int, dst: int) -> tuple[list[int], list[int], int, int]:
-    c = _chunk_bytes(count, n, item)
-    size = count * item
-    sent = [size - c[r] + (c[r] if r != dst else 0) for r in range(n)]
-    recv = [size - c[(r - 1) % n] + (size - c[dst] if r == dst else 0) for r in range(n)]
-    return sent, recv, 2 * (n - 1), max(sent[r] for r in range(n)) + (size - c[dst])
+    """Equal-chunk reduce-scatter of the first n*m elements, chunks gathered at ``dst``, and the
+    count mod n leftover elements up a binomial tree (see ``ring.reduce``)."""
+    m, tail = divmod(count, n)
+    part = m * item
+    sent = [(n - 1) * part + (part if r != dst else 0) for r in range(n)] if m else [0] * n
+    recv = [(n - 1) * part + ((n - 1) * part if r == dst else 0) for r in range(n)] if m else [0] * n
+    if tail:
+        rel = [(r - dst) % n for r in range(n)]
+        for r in range(n):
+            sent[r] += 0 if binomial_parent(rel[r]) is None else tail * item
+            recv[r] += len(binomial_children(rel[r], n)) * tail * item
+    steps = (2 * (n - 1) if m else 0) + (tree_depth(n) if tail else 0)
+    critical = (2 * (n - 1) * part if m else 0) + (tree_depth(n) * tail * item if tail else 0)
+    return sent, recv, steps, critical
 
 
 def cost(

@@ -1,0 +1,253 @@
+"""The ``commbench`` command. Library code raises; only this module turns an exception into a
+one-line message and an exit code (2 for bad input, 1 for a failed run, 130 when interrupted)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+SIZE_HELP = "bytes, or with a K/M/G suffix (2^10, 2^20, 2^30 bytes)"
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported in one line with exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _size(text: str) -> int:
+    from commbench.bench.units import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_launch_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("launch")
+    g.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="local ranks to start with the elastic launcher (default 2; under torchrun or SLURM "
+        "the launcher's world is used)",
+    )
+    g.add_argument(
+        "--backend",
+        choices=("gloo", "nccl"),
+        default=None,
+        help="process-group backend (default: nccl on cuda, gloo on cpu)",
+    )
+    g.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where tensors live")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds any rank waits for another before the run fails (default 120)",
+    )
+
+
+def _add_sweep_args(p: argparse.ArgumentParser) -> None:
+    from commbench.bench.collectives import SPECS
+    from commbench.comm import ALGORITHMS, DTYPES, OPS
+
+    p.add_argument("--collective", default="all_reduce", help=f"one of {', '.join(SPECS)}")
+    p.add_argument(
+        "-a",
+        "--algorithms",
+        default="builtin,naive,ring",
+        help="comma-separated, interleaved at each size; "
+        + "; ".join(f"{c}: {','.join(a)}" for c, a in ALGORITHMS.items())
+        + "; sendrecv: p2p",
+    )
+    p.add_argument("-b", "--minbytes", type=_size, default=_size("1K"), help=f"smallest size, {SIZE_HELP}")
+    p.add_argument("-e", "--maxbytes", type=_size, default=_size("64M"), help=f"largest size, {SIZE_HELP}")
+    step = p.add_mutually_exclusive_group()
+    step.add_argument("-f", "--stepfactor", type=float, default=2.0, help="multiply the size by this")
+    step.add_argument("-i", "--stepbytes", type=_size, default=None, help=f"or add this, {SIZE_HELP}")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
+    p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations first (default 5)")
+    p.add_argument(
+        "-c",
+        "--check",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="check results against the closed form (default 1)",
+    )
+    p.add_argument("-d", "--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)}")
+    p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce")
+    p.add_argument("--no-limit", action="store_true", help="skip the send/recv transport-limit series")
+    p.add_argument("--json", default=None, help="write JSON Lines here (header, then one record per point)")
+    p.add_argument("--csv", default=None, help="write the records as CSV here")
+    p.add_argument("--plot", default=None, help="write a busbw-versus-size PNG here")
+    p.add_argument("-q", "--quiet", action="store_true", help="no table and no progress bar")
+    _add_launch_args(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="commbench",
+        description="Measure the communication of distributed deep learning, from the wire up.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    sweep = sub.add_parser(
+        "sweep",
+        help="per-collective sweep over message sizes (nccl-tests style)",
+        description="Time collectives over a range of message sizes, several algorithms side by side, "
+        "checked, with the transport's own send/recv limit measured in the same run.",
+    )
+    _add_sweep_args(sweep)
+    demo = sub.add_parser(
+        "demo",
+        help="the default job: all_reduce with builtin, naive and ring on 2 local CPU ranks",
+        description="A short all_reduce sweep (4K to 16M) on 2 local CPU ranks; writes "
+        "results/demo.jsonl and results/demo.png.",
+    )
+    demo.add_argument("-q", "--quiet", action="store_true", help="no table and no progress bar")
+    return parser
+
+
+def sweep_config(args: argparse.Namespace) -> Any:
+    from commbench.bench.sweep import SweepConfig
+
+    return SweepConfig(
+        collective=args.collective,
+        algorithms=tuple(a.strip() for a in args.algorithms.split(",") if a.strip()),
+        min_bytes=args.minbytes,
+        max_bytes=args.maxbytes,
+        step_factor=args.stepfactor,
+        step_bytes=args.stepbytes,
+        iters=args.iters,
+        warmup=args.warmup,
+        check=bool(args.check),
+        dtype=args.dtype,
+        op=args.op,
+        root=args.root,
+        limit=not args.no_limit,
+        json_path=args.json,
+        csv_path=args.csv,
+        quiet=args.quiet,
+    )
+
+
+def launch_spec(args: argparse.Namespace) -> Any:
+    from commbench.bench import launch
+
+    if launch.launched_externally():
+        world = launch.external_world_size()
+        if args.world_size is not None and args.world_size != world:
+            raise ValueError(f"--world-size {args.world_size} disagrees with the launcher's world of {world}")
+    else:
+        world = 2 if args.world_size is None else args.world_size
+    spec = launch.LaunchSpec(
+        world_size=world, device=args.device, backend=args.backend, timeout_s=args.timeout
+    )
+    if spec.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda asked for, but CUDA is not available here")
+    return spec
+
+
+def _sweep_rank(config: Any, device: str, plot_path: str | None) -> list[dict]:
+    """One rank of ``commbench sweep``; rank 0 writes, prints and plots."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from commbench.bench.machine import machine_info
+    from commbench.bench.sweep import Rank0Output, run_rank
+
+    sink = Rank0Output(config, machine_info(dist.get_backend())) if dist.get_rank() == 0 else None
+    try:
+        records = run_rank(config, device, sink if sink is not None else (lambda kind, payload: None))
+    finally:
+        if sink is not None:
+            sink.close()
+    rows = [dataclasses.asdict(r) for r in records]
+    if sink is not None and plot_path:
+        from commbench.bench.report import plot_busbw
+
+        plot_busbw(
+            rows, plot_path, f"{config.collective}, {dist.get_world_size()} ranks, {dist.get_backend()}"
+        )
+    return rows
+
+
+def cmd_sweep(config: Any, spec: Any, plot_path: str | None) -> int:
+    from commbench.bench import launch
+    from commbench.bench.records import check_writable
+
+    for path in (config.json_path, config.csv_path, plot_path):
+        if path:
+            check_writable(path)
+    launch.run(_sweep_rank, (config, spec.device, plot_path), spec)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``commbench`` command; returns the exit code."""
+    from commbench.bench.launch import RankFailed
+
+    args = None
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "sweep":
+            return cmd_sweep(sweep_config(args), launch_spec(args), args.plot)
+        if args.command == "demo":
+            Path("results").mkdir(exist_ok=True)
+            demo = build_parser().parse_args(
+                [
+                    "sweep",
+                    "-b",
+                    "4K",
+                    "-e",
+                    "16M",
+                    "-f",
+                    "4",
+                    "-n",
+                    "10",
+                    "-w",
+                    "3",
+                    "--world-size",
+                    "2",
+                    "--json",
+                    "results/demo.jsonl",
+                    "--plot",
+                    "results/demo.png",
+                ]
+                + (["-q"] if args.quiet else [])
+            )
+            os.environ.pop("RANK", None)  # the demo always starts its own two ranks
+            code = cmd_sweep(sweep_config(demo), launch_spec(demo), demo.plot)
+            if not args.quiet:
+                print("\nrecords: results/demo.jsonl   plot: results/demo.png")
+            return code
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except (ValueError, TypeError) as exc:
+        print(f"commbench: error: {exc}", file=sys.stderr)
+        return 2
+    except RankFailed as exc:
+        print(f"commbench: {exc}", file=sys.stderr)
+        bad_input = str(exc).split(": ", 1)[-1].startswith(("ValueError", "TypeError"))
+        return 2 if bad_input else 1
+    except KeyboardInterrupt:
+        kept = getattr(args, "json", None)
+        print(
+            "commbench: interrupted" + (f"; finished points are in {kept}" if kept else ""), file=sys.stderr
+        )
+        return 130
+    return 0

@@ -1,0 +1,225 @@
+"""What the sweep driver needs from each collective, in one small interface (as nccl-tests does).
+
+Each entry says how a message size maps to element counts, makes and fills its buffers with a
+closed-form pattern, runs one call, and counts wrong elements against the closed-form result.
+Adding a collective is one class here and one line in ``SPECS``; the driver never changes.
+
+The pattern: element i of rank r holds 1 + (r + i) mod P (P = 2 for prod, else 7), so every
+reduction has an exact expected value for small world sizes in every dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from commbench import comm
+from commbench.comm import p2p, pipeline, ring
+from commbench.comm.chunking import num_segments, split
+from commbench.comm.costmodel import bus_factor
+from commbench.comm.pipeline import Unit
+
+
+@dataclass
+class Buffers:
+    """``reference`` is this rank's pristine input, copied into ``input`` before every call."""
+
+    input: torch.Tensor
+    output: torch.Tensor
+    reference: torch.Tensor
+
+
+def _period(op: str) -> int:
+    return 2 if op == "prod" else 7
+
+
+def pattern(rank: int, count: int, op: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Rank ``rank``'s input: 1 + (rank + i) mod P for i in range(count)."""
+    period = _period(op)
+    base = torch.tensor([1 + (rank + j) % period for j in range(period)], dtype=dtype, device=device)
+    reps = -(-count // period) if count else 0
+    return base.repeat(reps)[:count].contiguous()
+
+
+def reduced_pattern(
+    world: int, count: int, op: str, dtype: torch.dtype, device: torch.device, offset: int = 0
+):
+    """The reduction over all ranks of elements offset .. offset+count of the pattern."""
+    period = _period(op)
+    vals = torch.tensor(
+        [[1 + (r + j) % period for j in range(period)] for r in range(world)], dtype=torch.float64
+    )
+    table = {
+        "sum": vals.sum(0),
+        "avg": vals.sum(0) / world,
+        "prod": vals.prod(0),
+        "max": vals.max(0).values,
+        "min": vals.min(0).values,
+    }[op]
+    idx = (torch.arange(count) + offset) % period
+    return table[idx].to(dtype=dtype, device=device)
+
+
+def count_wrong(got: torch.Tensor, expected: torch.Tensor) -> int:
+    """Elements of ``got`` that differ from ``expected`` beyond the dtype's rounding."""
+    if got.numel() == 0:
+        return 0
+    if got.dtype.is_floating_point:
+        rtol = {torch.float16: 1e-3, torch.bfloat16: 1e-2}.get(got.dtype, 1e-5)
+        g, e = got.double(), expected.double()
+        return int(((g - e).abs() > rtol * e.abs() + 1e-6).sum().item())
+    return int((got != expected).sum().item())
+
+
+class _Spec:
+    name = ""
+    needs_op = True
+
+    def count(self, size_bytes: int, itemsize: int, world: int) -> int:
+        return size_bytes // itemsize
+
+    def bus_factor(self, world: int) -> float:
+        return bus_factor(self.name, world)
+
+
+class AllReduce(_Spec):
+    name = "all_reduce"
+
+    def make(self, count, dtype, device, rank, world, op, root) -> Buffers:
+        t = torch.empty(count, dtype=dtype, device=device)
+        return Buffers(t, t, pattern(rank, count, op, dtype, device))
+
+    def run(self, b: Buffers, algorithm, op, root, group, workspace) -> None:
+        comm.all_reduce(b.input, op, algorithm, group, check=False, workspace=workspace)
+
+    def wrong(self, b: Buffers, op, rank, world, root) -> int:
+        return count_wrong(
+            b.output, reduced_pattern(world, b.output.numel(), op, b.output.dtype, b.output.device)
+        )
+
+
+class ReduceScatter(_Spec):
+    name = "reduce_scatter"
+
+    def count(self, size_bytes, itemsize, world):
+        return size_bytes // (itemsize * world) * world
+
+    def make(self, count, dtype, device, rank, world, op, root) -> Buffers:
+        return Buffers(
+            torch.empty(count, dtype=dtype, device=device),
+            torch.empty(count // world, dtype=dtype, device=device),
+            pattern(rank, count, op, dtype, device),
+        )
+
+    def run(self, b, algorithm, op, root, group, workspace) -> None:
+        comm.reduce_scatter(b.output, b.input, op, algorithm, group, check=False, workspace=workspace)
+
+    def wrong(self, b, op, rank, world, root) -> int:
+        m = b.output.numel()
+        return count_wrong(b.output, reduced_pattern(world, m, op, b.output.dtype, b.output.device, rank * m))
+
+
+class AllGather(_Spec):
+    name = "all_gather"
+    needs_op = False
+
+    def count(self, size_bytes, itemsize, world):
+        return size_bytes // (itemsize * world) * world
+
+    def make(self, count, dtype, device, rank, world, op, root) -> Buffers:
+        m = count // world
+        return Buffers(
+            torch.empty(m, dtype=dtype, device=device),
+            torch.empty(count, dtype=dtype, device=device),
+            pattern(rank, m, "sum", dtype, device),
+        )
+
+    def run(self, b, algorithm, op, root, group, workspace) -> None:
+        comm.all_gather(b.output, b.input, algorithm, group, check=False, workspace=workspace)
+
+    def wrong(self, b, op, rank, world, root) -> int:
+        m = b.input.numel()
+        expected = torch.cat([pattern(r, m, "sum", b.output.dtype, b.output.device) for r in range(world)])
+        return count_wrong(b.output, expected)
+
+
+class Broadcast(_Spec):
+    name = "broadcast"
+    needs_op = False
+
+    def make(self, count, dtype, device, rank, world, op, root) -> Buffers:
+        t = torch.empty(count, dtype=dtype, device=device)
+        ref = pattern(root, count, "sum", dtype, device) if rank == root else torch.zeros_like(t)
+        return Buffers(t, t, ref)
+
+    def run(self, b, algorithm, op, root, group, workspace) -> None:
+        comm.broadcast(b.input, root, algorithm, group, check=False, workspace=workspace)
+
+    def wrong(self, b, op, rank, world, root) -> int:
+        return count_wrong(b.output, pattern(root, b.output.numel(), "sum", b.output.dtype, b.output.device))
+
+
+class Reduce(_Spec):
+    name = "reduce"
+
+    def make(self, count, dtype, device, rank, world, op, root) -> Buffers:
+        t = torch.empty(count, dtype=dtype, device=device)
+        return Buffers(t, t, pattern(rank, count, op, dtype, device))
+
+    def run(self, b, algorithm, op, root, group, workspace) -> None:
+        comm.reduce(b.input, root, op, algorithm, group, check=False, workspace=workspace)
+
+    def wrong(self, b, op, rank, world, root) -> int:
+        if rank != root:
+            return 0
+        return count_wrong(
+            b.output, reduced_pattern(world, b.output.numel(), op, b.output.dtype, b.output.device)
+        )
+
+
+class SendRecv(_Spec):
+    """Bidirectional exchange between ring neighbours: the transport's own limit.
+
+    Segmented and windowed exactly like the ring algorithms, so it measures what the transport
+    can carry with the same pipelining, not a single blocking message.
+    """
+
+    name = "sendrecv"
+    needs_op = False
+
+    def make(self, count, dtype, device, rank, world, op, root) -> Buffers:
+        return Buffers(
+            torch.empty(count, dtype=dtype, device=device),
+            torch.empty(count, dtype=dtype, device=device),
+            pattern(rank, count, "sum", dtype, device),
+        )
+
+    def run(self, b, algorithm, op, root, group, workspace) -> None:
+        rank, world = p2p.group_rank(group)
+        if world == 1:
+            b.output.copy_(b.input)
+            return
+        n = b.input.numel()
+        nseg = num_segments(n, b.input.element_size(), ring.SEGMENT_BYTES)
+        units = [Unit(b.input[a:z], b.output[a:z]) for a, z in split(n, nseg)]
+        window = max(1, min(ring.WINDOW, nseg))
+        pipeline.run(
+            units, right=(rank + 1) % world, left=(rank - 1) % world, window=window, op="sum", group=group
+        )
+
+    def wrong(self, b, op, rank, world, root) -> int:
+        left = (rank - 1) % world
+        return count_wrong(b.output, pattern(left, b.output.numel(), "sum", b.output.dtype, b.output.device))
+
+
+SPECS: dict[str, _Spec] = {
+    s.name: s for s in (AllReduce(), ReduceScatter(), AllGather(), Broadcast(), Reduce(), SendRecv())
+}
+
+
+def algorithms_for(collective: str) -> tuple[str, ...]:
+    """Algorithm names a sweep accepts for ``collective``."""
+    if collective == "sendrecv":
+        return ("p2p",)
+    return comm.ALGORITHMS[collective]

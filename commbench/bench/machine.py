@@ -1,0 +1,80 @@
+"""Machine information attached once to every run's records."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> str | None:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _gpus() -> dict[str, Any] | None:
+    """GPU names and driver through NVML, or None where there is no NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver: not an error, just no GPU information
+        return None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+        return {
+            "driver": pynvml.nvmlSystemGetDriverVersion(),
+            "devices": [n.decode() if isinstance(n, bytes) else n for n in names],
+        }
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def machine_info(backend: str | None = None) -> dict[str, Any]:
+    """Hostname, CPU, library versions, GPUs, commit and command line of this run."""
+    import psutil
+
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:
+            nccl = None
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "cpu_logical_cores": os.cpu_count(),
+        "cpu_physical_cores": psutil.cpu_count(logical=False),
+        "memory_bytes": psutil.virtual_memory().total,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "backend": backend,
+        "nccl": nccl,
+        "cuda": torch.version.cuda,
+        "gpus": _gpus(),
+        "commit": _git_commit(),
+        "command": " ".join(sys.argv),
+    }

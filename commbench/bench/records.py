@@ -1,0 +1,96 @@
+"""Typed result records and their writers: JSON Lines (one object a line) and CSV, flushed per record
+so an interrupted run keeps every finished point."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from pathlib import Path
+from typing import IO, Any
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepRecord:
+    """One (size, algorithm) point of a sweep. Times are the slowest rank's, per iteration."""
+
+    collective: str
+    algorithm: str
+    resolved_algorithm: str
+    backend: str
+    device: str
+    world_size: int
+    dtype: str
+    op: str | None
+    root: int
+    size_bytes: int
+    count: int
+    iters: int
+    warmup: int
+    time_us: float
+    time_us_min: float
+    time_us_mean: float
+    time_us_p90: float
+    time_us_max: float
+    algbw_gbps: float
+    busbw_gbps: float
+    wrong: int | None
+    busbw_ratio_to_builtin: float | None
+    limit_busbw_gbps: float | None
+    frac_of_limit: float | None
+    computed_sent_bytes_per_rank: list[int]
+    computed_recv_bytes_per_rank: list[int]
+    type: str = "sweep"
+
+
+def check_writable(path: str | Path) -> None:
+    """Raise ValueError unless ``path`` can be created or overwritten."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"cannot write {p}: it is a directory")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise ValueError(f"cannot write {p}: directory {parent} does not exist")
+    try:
+        with open(p, "a"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot write {p}: {exc.strerror}") from None
+
+
+class RecordWriter:
+    """Writes a header and records to JSON Lines and/or CSV as they come."""
+
+    def __init__(self, json_path: str | None, csv_path: str | None) -> None:
+        self._json: IO[str] | None = open(json_path, "w") if json_path else None
+        self._csv_file: IO[str] | None = open(csv_path, "w", newline="") if csv_path else None
+        self._csv: csv.DictWriter | None = None
+
+    def header(self, info: dict[str, Any]) -> None:
+        if self._json:
+            self._json.write(json.dumps({"type": "header", **info}) + "\n")
+            self._json.flush()
+
+    def write(self, record: Any) -> None:
+        row = dataclasses.asdict(record)
+        if self._json:
+            self._json.write(json.dumps(row) + "\n")
+            self._json.flush()
+        if self._csv_file:
+            flat = {k: (" ".join(map(str, v)) if isinstance(v, list) else v) for k, v in row.items()}
+            if self._csv is None:
+                self._csv = csv.DictWriter(self._csv_file, fieldnames=list(flat))
+                self._csv.writeheader()
+            self._csv.writerow(flat)
+            self._csv_file.flush()
+
+    def close(self) -> None:
+        for f in (self._json, self._csv_file):
+            if f:
+                f.close()
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Every object of a JSON Lines file, in order."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,307 @@
+"""The sweep driver: one loop for every collective and algorithm (see ``collectives.SPECS``).
+
+At each size the algorithms are interleaved iteration by iteration, so they all see the same
+machine conditions; the transport's limit (a segmented bidirectional send/recv between ring
+neighbours) is measured in the same loop. Every iteration starts from the same input, after a
+barrier, outside the timed region; an iteration's time is the slowest rank's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from commbench import comm
+from commbench.bench.collectives import SPECS, algorithms_for
+from commbench.bench.records import RecordWriter, SweepRecord
+from commbench.comm.costmodel import cost
+from commbench.comm.ops import check_op, parse_dtype
+
+LIMIT = "limit"  # name of the sendrecv series measured beside the algorithms
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """Everything a sweep needs; validated on construction (ValueError names the bad value)."""
+
+    collective: str = "all_reduce"
+    algorithms: tuple[str, ...] = ("builtin", "naive", "ring")
+    min_bytes: int = 1 << 10
+    max_bytes: int = 64 << 20
+    step_factor: float = 2.0
+    step_bytes: int | None = None
+    iters: int = 20
+    warmup: int = 5
+    check: bool = True
+    dtype: str = "float32"
+    op: str = "sum"
+    root: int = 0
+    limit: bool = True
+    json_path: str | None = None
+    csv_path: str | None = None
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.collective not in SPECS:
+            raise ValueError(f"unknown collective {self.collective!r}; choose from {', '.join(SPECS)}")
+        if not self.algorithms:
+            raise ValueError("no algorithms given")
+        accepted = algorithms_for(self.collective)
+        for a in self.algorithms:
+            if a not in accepted:
+                raise ValueError(
+                    f"unknown algorithm {a!r} for {self.collective}; choose from {', '.join(accepted)}"
+                )
+        if len(set(self.algorithms)) != len(self.algorithms):
+            raise ValueError(f"algorithm listed twice in {','.join(self.algorithms)}")
+        if self.min_bytes <= 0 or self.max_bytes <= 0:
+            raise ValueError(f"sizes must be > 0 bytes, got {self.min_bytes} and {self.max_bytes}")
+        if self.min_bytes > self.max_bytes:
+            raise ValueError(f"minimum size {self.min_bytes} is above maximum size {self.max_bytes}")
+        if self.step_bytes is not None and self.step_bytes <= 0:
+            raise ValueError(f"step bytes must be > 0, got {self.step_bytes}")
+        if self.step_bytes is None and not self.step_factor > 1:
+            raise ValueError(f"step factor must be > 1, got {self.step_factor}")
+        if self.iters < 1:
+            raise ValueError(f"iters must be >= 1, got {self.iters}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        dtype = parse_dtype(self.dtype)
+        if SPECS[self.collective].needs_op:
+            check_op(self.op, dtype)
+        if self.root < 0:
+            raise ValueError(f"root must be >= 0, got {self.root}")
+
+    @property
+    def series(self) -> tuple[str, ...]:
+        """The algorithms plus the transport-limit series when it is measured."""
+        extra = (LIMIT,) if self.limit and self.collective != "sendrecv" else ()
+        return self.algorithms + extra
+
+
+def sizes(config: SweepConfig) -> list[int]:
+    """Message sizes from min to max by step factor or step bytes (nccl-tests' -f / -i)."""
+    out = []
+    size = config.min_bytes
+    while size <= config.max_bytes:
+        out.append(size)
+        if config.step_bytes is not None:
+            size += config.step_bytes
+        else:
+            nxt = int(size * config.step_factor)
+            size = nxt if nxt > size else size + 1
+    return out
+
+
+def stats_us(times_s: list[float]) -> dict[str, float]:
+    """p50 (the headline), min, mean, p90 and max of per-iteration times, in microseconds."""
+    us = sorted(t * 1e6 for t in times_s)
+    rank90 = 0.9 * (len(us) - 1)
+    lo, hi = math.floor(rank90), math.ceil(rank90)
+    p90 = us[lo] + (us[hi] - us[lo]) * (rank90 - lo)
+    return {
+        "time_us": statistics.median(us),
+        "time_us_min": us[0],
+        "time_us_mean": statistics.fmean(us),
+        "time_us_p90": p90,
+        "time_us_max": us[-1],
+    }
+
+
+class _Timer:
+    """Wall clock on CPU; CUDA events on GPU (the host waits for the end event)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def time(self, fn) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+
+def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
+    """Body of one rank: run the whole sweep; rank 0 hands each finished point to ``emit``.
+
+    Args:
+        config: what to sweep.
+        device_kind: "cpu" or "cuda".
+        emit: called on rank 0 as emit(kind, payload) with kind "start" (sizes), "record"
+            (SweepRecord) or "step" (one iteration done, for progress).
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if config.root >= world:
+        raise ValueError(f"root {config.root} is not a rank of a world of {world}")
+    backend = dist.get_backend()
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else torch.device("cpu")
+    )
+    dtype = parse_dtype(config.dtype)
+    spec = SPECS[config.collective]
+    limit_spec = SPECS["sendrecv"]
+    workspace = comm.Workspace()
+    timer = _Timer(device)
+    op = config.op if spec.needs_op else None
+    all_sizes = sizes(config)
+    out: list[SweepRecord] = []
+    if rank == 0:
+        emit(
+            "start",
+            {
+                "sizes": all_sizes,
+                "iterations": config.warmup + config.iters,
+                "world_size": world,
+                "backend": backend,
+                "device": device.type,
+            },
+        )
+    for size in all_sizes:
+        count = spec.count(size, dtype.itemsize, world)
+        if count == 0:
+            continue
+        size_bytes = count * dtype.itemsize
+        bufs = {
+            s: (limit_spec if s == LIMIT else spec).make(
+                count, dtype, device, rank, world, config.op, config.root
+            )
+            for s in config.series
+        }
+        times: dict[str, list[float]] = {s: [] for s in config.series}
+        for it in range(config.warmup + config.iters):
+            for s in config.series:
+                sp, b = (limit_spec, bufs[s]) if s == LIMIT else (spec, bufs[s])
+                algo = "p2p" if s == LIMIT else s
+                b.input.copy_(b.reference)
+                dist.barrier()
+                t = timer.time(lambda: sp.run(b, algo, config.op, config.root, None, workspace))  # noqa: B023
+                if it >= config.warmup:
+                    times[s].append(t)
+            if rank == 0:
+                emit("step", None)
+        # The time of an iteration is the slowest rank's.
+        mat = torch.tensor([times[s] for s in config.series], dtype=torch.float64)
+        if backend == "nccl":
+            mat = mat.to(device)
+        dist.all_reduce(mat, op=dist.ReduceOp.MAX)
+        mat = mat.cpu()
+        wrong: dict[str, int | None] = {s: None for s in config.series}
+        if config.check:
+            local = []
+            for s in config.series:
+                sp, b = (limit_spec, bufs[s]) if s == LIMIT else (spec, bufs[s])
+                b.input.copy_(b.reference)
+                sp.run(b, "p2p" if s == LIMIT else s, config.op, config.root, None, workspace)
+                local.append(sp.wrong(b, config.op, rank, world, config.root))
+            w = torch.tensor(local, dtype=torch.int64, device=device if backend == "nccl" else "cpu")
+            dist.all_reduce(w)
+            wrong = dict(zip(config.series, w.cpu().tolist(), strict=True))
+        st = {s: stats_us(mat[i].tolist()) for i, s in enumerate(config.series)}
+        busbw = {
+            s: size_bytes
+            / (st[s]["time_us"] / 1e6)
+            / 1e9
+            * (limit_spec if s == LIMIT else spec).bus_factor(world)
+            for s in config.series
+        }
+        for s in config.series:
+            name = "sendrecv" if s == LIMIT else config.collective
+            resolved = "p2p" if s == LIMIT or name == "sendrecv" else comm.resolve(name, s, size_bytes, world)
+            if name == "sendrecv":
+                sent = recv = [size_bytes if world > 1 else 0] * world
+            else:
+                c = cost(name, resolved, world, count, dtype.itemsize, root=config.root)
+                sent, recv = list(c.sent_bytes), list(c.recv_bytes)
+            algbw = size_bytes / (st[s]["time_us"] / 1e6) / 1e9
+            record = SweepRecord(
+                collective=name,
+                algorithm="p2p" if s == LIMIT else s,
+                resolved_algorithm=resolved,
+                backend=backend,
+                device=device.type,
+                world_size=world,
+                dtype=config.dtype,
+                op=op if s != LIMIT else None,
+                root=config.root,
+                size_bytes=size_bytes,
+                count=count,
+                iters=config.iters,
+                warmup=config.warmup,
+                **st[s],
+                algbw_gbps=algbw,
+                busbw_gbps=busbw[s],
+                wrong=wrong[s],
+                busbw_ratio_to_builtin=busbw[s] / busbw["builtin"]
+                if "builtin" in busbw and s != LIMIT
+                else None,
+                limit_busbw_gbps=busbw[LIMIT] if LIMIT in busbw else None,
+                frac_of_limit=busbw[s] / busbw[LIMIT] if LIMIT in busbw else None,
+                computed_sent_bytes_per_rank=sent,
+                computed_recv_bytes_per_rank=recv,
+            )
+            out.append(record)
+            if rank == 0:
+                emit("record", record)
+    return out
+
+
+class Rank0Output:
+    """What rank 0 does with a sweep's progress: records to files, table rows and a progress bar."""
+
+    def __init__(self, config: SweepConfig, info: dict) -> None:
+        from commbench.bench import report
+
+        self.config = config
+        self.writer = RecordWriter(config.json_path, config.csv_path)
+        self.writer.header(info)
+        self.report = report
+        self.bar = None
+        self.pending: list[SweepRecord] = []
+
+    def __call__(self, kind: str, payload) -> None:
+        if kind == "start":
+            if not self.config.quiet:
+                from tqdm import tqdm
+
+                self.bar = tqdm(
+                    total=len(payload["sizes"]) * payload["iterations"],
+                    file=sys.stderr,
+                    delay=2.0,
+                    unit="iter",
+                    leave=False,
+                    dynamic_ncols=True,
+                    disable=not sys.stderr.isatty(),
+                )
+                print(self.report.table_header(self.config, payload), flush=True)
+        elif kind == "step":
+            if self.bar is not None:
+                self.bar.update(1)
+        elif kind == "record":
+            self.writer.write(payload)
+            self.pending.append(payload)
+            if len(self.pending) == len(self.config.series):
+                if not self.config.quiet:
+                    line = self.report.table_rows(self.pending)
+                    if self.bar is not None:
+                        with self.bar.external_write_mode():
+                            print(line, flush=True)
+                    else:
+                        print(line, flush=True)
+                self.pending = []
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.writer.close()

@@ -1,0 +1,93 @@
+"""What the ranks of a test world run (see tests/world.py). Each case returns plain data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commbench import comm
+from commbench.bench.collectives import SPECS
+from commbench.comm import p2p
+from commbench.comm.ops import DTYPES
+
+
+def _collective(case: dict[str, Any]) -> list[str]:
+    """Run every algorithm of one collective on one input; return what went wrong."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    spec = SPECS[case["collective"]]
+    dtype, op, root = DTYPES[case["dtype"]], case["op"], case["root"] % world
+    count = case["count"] * (world if case["collective"] in ("reduce_scatter", "all_gather") else 1)
+    workspace = comm.Workspace() if case["workspace"] else None
+    failures: list[str] = []
+    reference_output = None
+    for algorithm in comm.ALGORITHMS[case["collective"]]:
+        b = spec.make(count, dtype, torch.device("cpu"), rank, world, op, root)
+        for attempt in range(2 if workspace is not None else 1):  # a reused workspace must not leak
+            b.input.copy_(b.reference)
+            ptr = b.output.data_ptr()
+            spec.run(b, algorithm, op, root, None, workspace)
+            where = f"{algorithm} (run {attempt + 1}) on rank {rank}"
+            wrong = spec.wrong(b, op, rank, world, root)
+            if wrong:
+                failures.append(
+                    f"{where}: {wrong} of {b.output.numel()} elements differ from the closed form"
+                )
+            if b.output.data_ptr() != ptr:
+                failures.append(f"{where}: output storage was replaced")
+            hand_written = algorithm != "builtin"
+            only_root = case["collective"] == "reduce" and rank != root
+            if algorithm == "builtin":
+                reference_output = b.output.clone()
+            elif not only_root and not torch.equal(b.output, reference_output):
+                failures.append(f"{where}: result differs from builtin")
+            if (
+                hand_written
+                and case["collective"] == "reduce_scatter"
+                and not torch.equal(b.input, b.reference)
+            ):
+                failures.append(f"{where}: input was modified")
+            if hand_written and only_root and not torch.equal(b.input, b.reference):
+                failures.append(f"{where}: tensor of non-destination rank was modified")
+    return failures
+
+
+def _bytes(case: dict[str, Any]) -> tuple[int, int]:
+    """Bytes this rank sent and received through commbench.comm.p2p for one call."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    spec = SPECS[case["collective"]]
+    count = case["count"] * (world if case["collective"] in ("reduce_scatter", "all_gather") else 1)
+    b = spec.make(count, torch.float32, torch.device("cpu"), rank, world, "sum", case["root"])
+    b.input.copy_(b.reference)
+    counted = [0, 0]
+    original = p2p.exchange
+
+    def counting(send, dst, recv, src, group):
+        counted[0] += send.numel() * send.element_size() if send is not None else 0
+        counted[1] += recv.numel() * recv.element_size() if recv is not None else 0
+        return original(send, dst, recv, src, group)
+
+    p2p.exchange = counting
+    try:
+        spec.run(b, case["algorithm"], "sum", case["root"], None, None)
+    finally:
+        p2p.exchange = original
+    return counted[0], counted[1]
+
+
+def _mismatch(case: dict[str, Any]) -> str:
+    """Ranks call all_reduce with different sizes; the error every rank raised."""
+    rank = dist.get_rank()
+    tensor = torch.ones(case["count"] + (rank if case["vary"] == "size" else 0))
+    op = case["op"] if case["vary"] != "op" or rank == 0 else "max"
+    try:
+        comm.all_reduce(tensor, op, case["algorithm"])
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def run_case(case: tuple[str, dict[str, Any]]) -> Any:
+    kind, body = case
+    return {"collective": _collective, "bytes": _bytes, "mismatch": _mismatch}[kind](body)

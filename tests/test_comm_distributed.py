@@ -1,0 +1,68 @@
+"""The hand-written collectives against the backend's own and the closed form, on real gloo ranks."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from commbench.comm import ALGORITHMS
+from commbench.comm.costmodel import cost
+from commbench.comm.ops import DTYPES, OPS
+
+SMALL = [0, 1, 2, 3, 5, 7, 13, 31, 127, 1021, 4099]
+counts = st.one_of(
+    st.sampled_from(SMALL),
+    st.integers(min_value=0, max_value=20_000),
+    st.sampled_from([(1 << 20) + 3, 786_431]),  # a few MiB of float32, odd element counts
+)
+cases = st.fixed_dictionaries(
+    {
+        "collective": st.sampled_from(sorted(ALGORITHMS)),
+        "count": counts,
+        "dtype": st.sampled_from(sorted(DTYPES)),
+        "op": st.sampled_from(OPS),
+        "root": st.integers(min_value=0, max_value=4),
+        "workspace": st.booleans(),
+    }
+)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(case=cases)
+def test_every_algorithm_matches_builtin_and_closed_form(worlds, world_size, case):
+    assume(case["op"] != "avg" or DTYPES[case["dtype"]].is_floating_point)
+    assume(case["count"] < 100_000 or case["dtype"] in ("float32", "int32"))
+    results = worlds(world_size).run(("collective", case))
+    problems = [
+        p
+        for rank_result in results
+        for p in (rank_result if isinstance(rank_result, list) else [str(rank_result)])
+    ]
+    assert problems == []
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5])
+@pytest.mark.parametrize("collective", sorted(ALGORITHMS))
+def test_bytes_on_the_wire_match_the_cost_model(worlds, world_size, collective):
+    world = worlds(world_size)
+    for algorithm in ALGORITHMS[collective]:
+        if algorithm in ("builtin", "auto"):
+            continue
+        for count in (1, 5, 1000, 1 << 19):
+            root = world_size - 1
+            measured = world.run(
+                ("bytes", {"collective": collective, "algorithm": algorithm, "count": count, "root": root})
+            )
+            total = count * (world_size if collective in ("reduce_scatter", "all_gather") else 1)
+            model = cost(collective, algorithm, world_size, total, 4, root=root)
+            assert [m[0] for m in measured] == list(model.sent_bytes), (algorithm, count)
+            assert [m[1] for m in measured] == list(model.recv_bytes), (algorithm, count)
+
+
+@pytest.mark.parametrize("vary", ["size", "op"])
+@pytest.mark.parametrize("algorithm", ["ring", "naive", "rd", "builtin"])
+def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
+    results = worlds(3).run(("mismatch", {"count": 10, "op": "sum", "algorithm": algorithm, "vary": vary}))
+    assert all("ranks disagree" in r for r in results), results

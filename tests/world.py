@@ -1,0 +1,76 @@
+"""A long-lived group of real gloo ranks that runs test cases sent from the pytest process.
+
+One launch serves many cases (and hypothesis' shrinking): the pytest process puts a pickled
+case in a TCPStore, every rank runs it and puts its result back. Every wait has a timeout, so a
+broken case fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from commbench.bench import launch
+
+CASE_TIMEOUT_S = 60.0
+
+
+def _serve(host: str, port: int, runner: Callable[[Any], Any]) -> None:
+    """Rank body: run cases until the pytest process sends None."""
+    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=120))
+    rank = dist.get_rank()
+    i = 0
+    while True:
+        case = pickle.loads(store.get(f"case/{i}"))
+        if case is None:
+            return
+        try:
+            result = runner(case)
+        except Exception as exc:  # reported to the test, which fails with it
+            result = ("error", f"{type(exc).__name__}: {exc}")
+        store.set(f"result/{i}/{rank}", pickle.dumps(result))
+        i += 1
+
+
+class World:
+    """``world.run(case)`` returns every rank's result for ``case``."""
+
+    def __init__(self, size: int, runner: Callable[[Any], Any]) -> None:
+        self.size = size
+        self.store = dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=CASE_TIMEOUT_S)
+        )
+        self.i = 0
+        self.error: BaseException | None = None
+        spec = launch.LaunchSpec(world_size=size, timeout_s=30)
+        args = ("127.0.0.1", self.store.port, runner)
+
+        def target() -> None:
+            try:
+                launch.run(_serve, args, spec)
+            except BaseException as exc:  # surfaced by run()/close()
+                self.error = exc
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def run(self, case: Any) -> list[Any]:
+        if self.error is not None:
+            raise RuntimeError(f"world of {self.size} died: {self.error}")
+        key = self.i
+        self.i += 1
+        self.store.set(f"case/{key}", pickle.dumps(case))
+        keys = [f"result/{key}/{r}" for r in range(self.size)]
+        self.store.wait(keys, timedelta(seconds=CASE_TIMEOUT_S))
+        return [pickle.loads(self.store.get(k)) for k in keys]
+
+    def close(self) -> None:
+        self.store.set(f"case/{self.i}", pickle.dumps(None))
+        self.thread.join(timeout=60)
+        if self.error is not None:
+            raise RuntimeError(f"world of {self.size} failed: {self.error}")
