@@ -189,6 +189,8 @@ def cmd_sweep(config: Any, spec: Any, plot_path: str | None) -> int:
     from commbench.bench import launch
     from commbench.bench.records import check_writable
 
+    if config.root >= spec.world_size:
+        raise ValueError(f"root {config.root} is not a rank of a world of {spec.world_size}")
     for path in (config.json_path, config.csv_path, plot_path):
         if path:
             check_writable(path)
@@ -198,7 +200,7 @@ def cmd_sweep(config: Any, spec: Any, plot_path: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``commbench`` command; returns the exit code."""
-    from commbench.bench.launch import RankFailed
+    from commbench.bench.launch import Interrupted, RankFailed
 
     args = None
     try:
@@ -244,10 +246,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"commbench: {exc}", file=sys.stderr)
         bad_input = str(exc).split(": ", 1)[-1].startswith(("ValueError", "TypeError"))
         return 2 if bad_input else 1
-    except KeyboardInterrupt:
-        kept = getattr(args, "json", None)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        kept = getattr(args, "json", None) or (
+            "results/demo.jsonl" if args and args.command == "demo" else None
+        )
         print(
             "commbench: interrupted" + (f"; finished points are in {kept}" if kept else ""), file=sys.stderr
         )
-        return 130
+        return 128 + getattr(exc, "signum", 2)
     return 0

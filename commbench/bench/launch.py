@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +26,14 @@ import torch
 import torch.distributed as dist
 
 BACKENDS = ("gloo", "nccl")
+
+
+class Interrupted(Exception):
+    """The run was stopped by a signal (Ctrl-C, SIGTERM); the ranks have been stopped."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
 
 
 class RankFailed(RuntimeError):
@@ -99,15 +110,28 @@ def _rank_main(fn: Callable[..., Any], args: tuple, spec: LaunchSpec, error_dir:
         dist.init_process_group(spec.resolved_backend, timeout=timedelta(seconds=spec.timeout_s), **kwargs)
         try:
             return fn(*args)
+        except BaseException as exc:
+            _record(error_dir, exc)  # before leaving the group wakes the peers with errors of their own
+            raise
         finally:
             dist.destroy_process_group()
     except BaseException as exc:
-        if error_dir is not None:
-            rank = os.environ.get("RANK", "?")
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-            Path(error_dir, f"rank{rank}.err").write_text(text)
-        raise
+        if error_dir is None:
+            raise
+        _record(error_dir, exc)
+        # Under our launcher the parent reports the first failure in one line: no traceback here.
+        sys.stdout.flush()
+        raise SystemExit(1) from None
+
+
+def _record(error_dir: str | None, exc: BaseException) -> None:
+    """Write "time<TAB>Type: first line" for this rank, once."""
+    path = Path(error_dir or "", f"rank{os.environ.get('RANK', '?')}.err")
+    if error_dir is None or path.exists():
+        return
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    path.write_text(f"{time.time()!r}\t{text}")
 
 
 def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]:
@@ -119,6 +143,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
     if launched_externally():
         _adopt_slurm_env()
         return {int(os.environ["RANK"]): _rank_main(fn, args, spec, None)}
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -141,12 +166,27 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
         try:
             return elastic_launch(config, _rank_main)(fn, args, spec, error_dir)
         except ChildFailedError as exc:
-            rank, failure = exc.get_first_failure()
-            path = Path(error_dir, f"rank{rank}.err")
-            if path.exists():
-                message = path.read_text()
-            elif failure.signal_name() != "<N/A>":
-                message = f"killed by {failure.signal_name()}"
-            else:
-                message = f"exited with code {failure.exitcode}"
-            raise RankFailed(rank, message) from None
+            raise _first_failure(exc, error_dir) from None
+        except SignalException as exc:  # the agent has stopped the ranks before raising this
+            raise Interrupted(int(exc.sigval)) from None
+        except KeyboardInterrupt:
+            raise Interrupted(signal.SIGINT) from None
+
+
+def _first_failure(exc: Any, error_dir: str) -> RankFailed:
+    """The failure that came first: a rank's own error, not the peers it took down with it."""
+    found = []  # (priority, time, rank, text): a rank that died on its own comes first
+    for path in Path(error_dir).glob("rank*.err"):  # every rank that raised, reported or not
+        stamp, _, text = path.read_text().partition("\t")
+        found.append((1, float(stamp), int(path.stem[4:]), text))
+    for rank, failure in exc.failures.items():
+        if Path(error_dir, f"rank{rank}.err").exists():
+            continue
+        signal = failure.signal_name()
+        text = f"killed by {signal}" if signal != "<N/A>" else f"exited with code {failure.exitcode}"
+        stopped = signal in ("SIGTERM", "SIGINT")  # stopped by the launcher or the user
+        found.append((2 if stopped else 0, float(failure.timestamp), rank, text))
+    if not found:
+        return RankFailed(-1, str(exc))
+    _, _, rank, text = min(found)
+    return RankFailed(rank, text)

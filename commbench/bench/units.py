@@ -9,7 +9,7 @@ _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 def parse_size(text: str) -> int:
     """Bytes in ``text``: a whole number with an optional K, M or G (binary) suffix; "1M" = 1048576."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text.upper())
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:IB|B)?\s*", text.upper())
     if not match:
         raise ValueError(f"not a size: {text!r} (use bytes or a K/M/G suffix, e.g. 64K, 16M)")
     return int(match.group(1)) * _SUFFIX[match.group(2)]

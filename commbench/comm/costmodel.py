@@ -21,8 +21,7 @@ from commbench.comm.chunking import (
     split,
     tree_depth,
 )
-
-SEGMENT_BYTES = 1 << 20  # keep equal to commbench.comm.ring.SEGMENT_BYTES (checked by a test)
+from commbench.comm.ring import SEGMENT_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)

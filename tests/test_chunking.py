@@ -1,0 +1,110 @@
+"""Schedules with no process group: chunk boundaries, ring orders, trees, recursive doubling."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from commbench.comm.chunking import (
+    binomial_children,
+    binomial_parent,
+    num_segments,
+    recursive_doubling_layout,
+    recursive_doubling_rank,
+    recursive_doubling_real,
+    ring_all_gather_order,
+    ring_reduce_scatter_order,
+    split,
+    sub_span,
+    tree_depth,
+)
+
+
+@given(count=st.integers(0, 10_000), parts=st.integers(1, 64))
+def test_split_covers_everything_once_and_is_balanced(count, parts):
+    spans = split(count, parts)
+    assert len(spans) == parts
+    assert spans[0][0] == 0 and spans[-1][1] == count
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    sizes = [b - a for a, b in spans]
+    assert max(sizes) - min(sizes) <= 1
+    assert sizes == sorted(sizes, reverse=True)
+
+
+def test_split_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="parts"):
+        split(10, 0)
+    with pytest.raises(ValueError, match="count"):
+        split(-1, 2)
+
+
+@given(start=st.integers(0, 100), length=st.integers(0, 1000), parts=st.integers(1, 16))
+def test_sub_spans_tile_their_span(start, length, parts):
+    span = (start, start + length)
+    subs = [sub_span(span, parts, k) for k in range(parts)]
+    assert subs[0][0] == start and subs[-1][1] == start + length
+    assert all(a[1] == b[0] for a, b in zip(subs, subs[1:], strict=False))
+
+
+def test_num_segments():
+    assert num_segments(0, 4, 1 << 20) == 1
+    assert num_segments(1 << 18, 4, 1 << 20) == 1
+    assert num_segments((1 << 18) + 1, 4, 1 << 20) == 2
+    with pytest.raises(ValueError):
+        num_segments(10, 4, 0)
+
+
+@pytest.mark.parametrize("world", range(1, 9))
+def test_ring_reduce_scatter_leaves_chunk_r_fully_reduced_at_rank_r(world):
+    # Simulate: holdings[r][c] = set of ranks whose contribution to chunk c rank r holds.
+    holdings = [[{r} for _ in range(world)] for r in range(world)]
+    orders = [ring_reduce_scatter_order(r, world) for r in range(world)]
+    for step in range(world - 1):
+        sent = [(orders[r][step][0], set(holdings[r][orders[r][step][0]])) for r in range(world)]
+        for r in range(world):
+            chunk, contrib = sent[(r - 1) % world]  # what the left neighbour sent
+            assert chunk == orders[r][step][1], "receiver expects the chunk the sender sends"
+            holdings[r][chunk] |= contrib
+    for r in range(world):
+        assert holdings[r][r] == set(range(world))
+
+
+@pytest.mark.parametrize("world", range(1, 9))
+def test_ring_all_gather_delivers_every_chunk_everywhere(world):
+    have = [{r} for r in range(world)]
+    orders = [ring_all_gather_order(r, world) for r in range(world)]
+    for step in range(world - 1):
+        for r in range(world):
+            send_chunk = orders[(r - 1) % world][step][0]
+            assert send_chunk in have[(r - 1) % world]
+            assert send_chunk == orders[r][step][1]
+        for r in range(world):
+            have[r].add(orders[r][step][1])
+    assert all(h == set(range(world)) for h in have)
+
+
+@pytest.mark.parametrize("world", range(1, 20))
+def test_binomial_tree_is_a_spanning_tree_of_logarithmic_depth(world):
+    for rel in range(world):
+        for child in binomial_children(rel, world):
+            assert binomial_parent(child) == rel
+        parent = binomial_parent(rel)
+        if parent is not None:
+            assert rel in binomial_children(parent, world)
+    depth = [0] * world
+    for rel in range(1, world):
+        depth[rel] = depth[binomial_parent(rel)] + 1
+    # Rounds: the root sends to its children one after another, so the tree needs ceil(log2 n).
+    assert max(depth) <= tree_depth(world) == len(binomial_children(0, world))
+
+
+@pytest.mark.parametrize("world", range(1, 20))
+def test_recursive_doubling_folds_to_a_power_of_two(world):
+    core, folded = recursive_doubling_layout(world)
+    assert core & (core - 1) == 0 and core <= world < 2 * core and folded == world - core
+    core_ranks = [recursive_doubling_rank(r, world) for r in range(world)]
+    assert sorted(c for c in core_ranks if c is not None) == list(range(core))
+    for r, c in enumerate(core_ranks):
+        if c is not None:
+            assert recursive_doubling_real(c, world) == r

@@ -1,0 +1,172 @@
+"""The command line: bad input is one line and exit code 2; a sweep writes what it promises and
+keeps finished points when interrupted."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from commbench.bench.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        ([], "required"),
+        (["bogus"], "invalid choice"),
+        (["sweep", "-b", "64M", "-e", "1K"], "above maximum"),
+        (["sweep", "-b", "0"], "> 0"),
+        (["sweep", "-b", "-5"], "not a size"),
+        (["sweep", "-e", "12T"], "not a size"),
+        (["sweep", "-f", "1"], "step factor"),
+        (["sweep", "--collective", "alltoall"], "unknown collective"),
+        (["sweep", "-a", "ring,bogus"], "unknown algorithm 'bogus'"),
+        (["sweep", "-d", "complex64"], "unknown dtype"),
+        (["sweep", "-o", "xor"], "unknown op"),
+        (["sweep", "-d", "int32", "-o", "avg"], "floating-point"),
+        (["sweep", "--world-size", "0"], "world size"),
+        (["sweep", "-n", "0"], "iters"),
+        (["sweep", "-r", "2", "--world-size", "2"], "root 2"),
+        (["sweep", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),
+        (["sweep", "--plot", "/"], "cannot write"),
+        (["sweep", "--backend", "nccl"], "needs --device cuda"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message where CUDA is absent")
+def test_cuda_without_cuda_is_bad_input(capsys):
+    assert main(["sweep", "--device", "cuda"]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+def _run(args: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "commbench", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=240,
+        **kw,
+    )
+
+
+def test_sweep_writes_table_json_csv_and_plot(tmp_path):
+    out = _run(
+        [
+            "sweep",
+            "-b",
+            "1K",
+            "-e",
+            "64K",
+            "-f",
+            "8",
+            *SMALL,
+            "-a",
+            "builtin,ring,auto",
+            "--json",
+            str(tmp_path / "r.jsonl"),
+            "--csv",
+            str(tmp_path / "r.csv"),
+            "--plot",
+            str(tmp_path / "r.png"),
+        ]
+    )
+    assert out.returncode == 0, out.stderr
+    assert "busbw(GB/s)" in out.stdout and "limit" in out.stdout
+    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    header, records = lines[0], lines[1:]
+    assert header["type"] == "header" and header["torch"] and "sweep" in header["command"]
+    assert len(records) == 3 * 4  # sizes 1K, 8K, 64K x (builtin, ring, auto, limit)
+    assert {r["algorithm"] for r in records} == {"builtin", "ring", "auto", "p2p"}
+    assert all(r["resolved_algorithm"] in ("rd", "ring") for r in records if r["algorithm"] == "auto")
+    for r in records:
+        for key in (
+            "collective",
+            "algorithm",
+            "backend",
+            "device",
+            "world_size",
+            "dtype",
+            "op",
+            "size_bytes",
+            "count",
+            "iters",
+            "warmup",
+            "time_us",
+            "time_us_min",
+            "time_us_mean",
+            "time_us_p90",
+            "time_us_max",
+            "algbw_gbps",
+            "busbw_gbps",
+            "wrong",
+        ):
+            assert key in r
+        assert r["wrong"] == 0
+        assert r["time_us_min"] <= r["time_us"] <= r["time_us_max"]
+    ring = [r for r in records if r["algorithm"] == "ring"]
+    assert all(r["busbw_gbps"] == pytest.approx(r["algbw_gbps"]) for r in ring)  # factor 1 at 2 ranks
+    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert len(rows) == len(records)
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_path):
+    path = tmp_path / "r.jsonl"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "commbench",
+            "sweep",
+            "-b",
+            "1K",
+            "-e",
+            "1G",
+            "-n",
+            "5",
+            "-w",
+            "1",
+            "--world-size",
+            "2",
+            "-a",
+            "naive",
+            "--json",
+            str(path),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not path.exists() or len(path.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does in a terminal
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    kept = [json.loads(x) for x in path.read_text().splitlines()]
+    assert kept[0]["type"] == "header" and len(kept) >= 3
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert alive == []

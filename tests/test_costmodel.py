@@ -1,0 +1,84 @@
+"""The cost model, without a process group; measured bytes are checked in test_comm_distributed."""
+
+from __future__ import annotations
+
+import pytest
+
+from commbench.comm import ALGORITHMS, tuning
+from commbench.comm.costmodel import SEGMENT_BYTES, bus_factor, cost
+
+MiB = 1 << 20
+
+
+def test_chain_broadcast_pays_pipeline_fill():
+    big = cost("broadcast", "ring", 4, 16 * MiB, 1)
+    assert big.steps == 4 - 2 + 16 * MiB // SEGMENT_BYTES
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_ring_all_reduce_moves_2_n_minus_1_over_n_per_rank(world):
+    c = cost("all_reduce", "ring", world, 1 << 20, 4)
+    expected = 2 * (world - 1) / world * 4 * MiB
+    assert all(abs(s - expected) <= 8 for s in c.sent_bytes)
+    assert c.steps == 2 * (world - 1)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+def test_naive_all_reduce_loads_the_root(world):
+    c = cost("all_reduce", "naive", world, 1000, 4)
+    assert c.sent_bytes[0] == c.recv_bytes[0] == (world - 1) * 4000
+    assert all(s == 4000 for s in c.sent_bytes[1:])
+
+
+@pytest.mark.parametrize("collective", sorted(ALGORITHMS))
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 7])
+def test_every_byte_sent_is_received(collective, world):
+    for algorithm in ALGORITHMS[collective]:
+        for count in (0, 1, 7, 1000 * world):
+            c = cost(collective, algorithm, world, count, 2, root=world - 1)
+            assert sum(c.sent_bytes) == sum(c.recv_bytes), (algorithm, count)
+            assert len(c.sent_bytes) == world
+
+
+def test_world_of_one_moves_nothing():
+    assert cost("all_reduce", "ring", 1, 100, 4).sent_bytes == (0,)
+
+
+def test_alpha_beta_time():
+    c = cost("all_reduce", "ring", 4, 1 << 20, 4)
+    assert c.time_s(1e-5, 0.0) == pytest.approx(6e-5)
+    assert c.time_s(0.0, 1e-9) == pytest.approx(c.critical_bytes * 1e-9)
+
+
+def test_builtin_is_priced_as_a_ring_and_auto_as_what_it_picks():
+    assert (
+        cost("all_reduce", "builtin", 4, 4096, 4).sent_bytes
+        == cost("all_reduce", "ring", 4, 4096, 4).sent_bytes
+    )
+    small = tuning.choose("all_reduce", 1024, 4)
+    assert cost("all_reduce", "auto", 4, 256, 4).sent_bytes == cost("all_reduce", small, 4, 256, 4).sent_bytes
+
+
+def test_bus_factors_are_nccl_tests():
+    assert bus_factor("all_reduce", 4) == 1.5
+    assert bus_factor("all_gather", 4) == 0.75
+    assert bus_factor("reduce_scatter", 2) == 0.5
+    assert bus_factor("broadcast", 8) == bus_factor("sendrecv", 8) == 1.0
+
+
+def test_unknown_names_raise():
+    with pytest.raises(ValueError, match="collective"):
+        cost("alltoall", "ring", 2, 10, 4)
+    with pytest.raises(ValueError, match="no cost"):
+        cost("all_reduce", "tree", 2, 10, 4)
+    with pytest.raises(ValueError, match="world_size"):
+        cost("all_reduce", "ring", 0, 10, 4)
+
+
+def test_auto_table_is_well_formed():
+    for collective, table in tuning.AUTO.items():
+        assert table[-1][0] is None
+        limits = [lim for lim, _ in table[:-1]]
+        assert limits == sorted(limits)
+        for _, algorithm in table:
+            assert algorithm in ALGORITHMS[collective]

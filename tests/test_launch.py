@@ -1,0 +1,66 @@
+"""The launcher: a rank that dies or raises ends the whole run with its rank named, quickly."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from commbench.bench.launch import LaunchSpec, RankFailed, run
+
+
+def _rank_one_dies() -> None:
+    if dist.get_rank() == 1:
+        os._exit(3)
+    dist.recv(torch.empty(1), src=1)  # would wait for the full timeout without the launcher
+
+
+def _rank_one_raises() -> None:
+    if dist.get_rank() == 1:
+        raise ValueError("bad value on purpose")
+    dist.recv(torch.empty(1), src=1)
+
+
+def _world() -> tuple[int, int]:
+    return dist.get_rank(), dist.get_world_size()
+
+
+def test_returns_every_local_rank_result():
+    assert run(_world, (), LaunchSpec(world_size=3)) == {0: (0, 3), 1: (1, 3), 2: (2, 3)}
+
+
+@pytest.mark.parametrize(
+    "fn,message",
+    [(_rank_one_dies, "exited with code 3"), (_rank_one_raises, "ValueError: bad value on purpose")],
+)
+def test_a_failed_rank_ends_the_run_and_is_named(fn, message):
+    t0 = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        run(fn, (), LaunchSpec(world_size=2, timeout_s=60))
+    assert info.value.rank == 1
+    assert message in str(info.value)
+    assert time.monotonic() - t0 < 45  # well inside the 60 s process-group timeout
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"world_size": 0}, "world size"),
+        ({"device": "tpu"}, "device"),
+        ({"backend": "mpi"}, "backend"),
+        ({"backend": "nccl"}, "needs --device cuda"),
+        ({"timeout_s": 0}, "timeout"),
+    ],
+)
+def test_spec_rejects_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LaunchSpec(**kwargs)
+
+
+def test_backend_follows_device():
+    assert LaunchSpec().resolved_backend == "gloo"
+    assert LaunchSpec(device="cuda").resolved_backend == "nccl"
+    assert LaunchSpec(device="cuda", backend="gloo").resolved_backend == "gloo"

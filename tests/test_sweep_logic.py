@@ -1,0 +1,82 @@
+"""Sweep configuration, sizes, statistics and units: pure logic, no process group."""
+
+from __future__ import annotations
+
+import pytest
+
+from commbench.bench.sweep import LIMIT, SweepConfig, sizes, stats_us
+from commbench.bench.units import format_size, parse_size
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("1", 1),
+        ("1K", 1024),
+        ("64k", 65536),
+        ("16M", 16 << 20),
+        ("2G", 2 << 30),
+        ("4KiB", 4096),
+        ("8MB", 8 << 20),
+    ],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "-1", "1.5K", "K", "12T", "ten"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+def test_format_size_round_trips():
+    for n in (1, 1000, 1024, 1536, 1 << 20, 3 << 30):
+        assert parse_size(format_size(n)) == n
+
+
+def test_sizes_by_factor_and_by_step():
+    assert sizes(SweepConfig(min_bytes=1024, max_bytes=8192)) == [1024, 2048, 4096, 8192]
+    assert sizes(SweepConfig(min_bytes=1024, max_bytes=5000, step_factor=4)) == [1024, 4096]
+    assert sizes(SweepConfig(min_bytes=100, max_bytes=400, step_bytes=100)) == [100, 200, 300, 400]
+    assert sizes(SweepConfig(min_bytes=1, max_bytes=3, step_factor=1.1)) == [1, 2, 3]
+
+
+def test_stats():
+    st = stats_us([0.001, 0.002, 0.003, 0.004, 0.010])
+    assert st["time_us"] == pytest.approx(3000)
+    assert st["time_us_min"] == pytest.approx(1000)
+    assert st["time_us_max"] == pytest.approx(10000)
+    assert st["time_us_mean"] == pytest.approx(4000)
+    assert st["time_us_p90"] == pytest.approx(7600)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"min_bytes": 2048, "max_bytes": 1024}, "above maximum"),
+        ({"min_bytes": 0}, "> 0"),
+        ({"max_bytes": -1}, "> 0"),
+        ({"step_factor": 1.0}, "step factor"),
+        ({"step_bytes": 0}, "step bytes"),
+        ({"collective": "alltoall"}, "unknown collective"),
+        ({"algorithms": ("ring", "bogus")}, "unknown algorithm 'bogus'"),
+        ({"algorithms": ("ring", "ring")}, "twice"),
+        ({"algorithms": ()}, "no algorithms"),
+        ({"dtype": "complex64"}, "unknown dtype"),
+        ({"op": "xor"}, "unknown op"),
+        ({"dtype": "int32", "op": "avg"}, "floating-point"),
+        ({"iters": 0}, "iters"),
+        ({"warmup": -1}, "warmup"),
+        ({"collective": "broadcast", "algorithms": ("rd",)}, "unknown algorithm"),
+    ],
+)
+def test_config_rejects_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SweepConfig(**kwargs)
+
+
+def test_limit_series_is_added_except_for_sendrecv():
+    assert SweepConfig().series == ("builtin", "naive", "ring", LIMIT)
+    assert SweepConfig(limit=False).series == ("builtin", "naive", "ring")
+    assert SweepConfig(collective="sendrecv", algorithms=("p2p",)).series == ("p2p",)
