@@ -2,7 +2,8 @@
 
 Peers are given as ranks within ``group``; translation to global ranks happens here. NCCL needs
 matching sends and receives grouped into one call or a ring deadlocks, so on NCCL the pair goes
-through ``batch_isend_irecv``; gloo takes plain ``isend``/``irecv``, which cost less per call.
+through ``batch_isend_irecv``; gloo takes plain ``isend``/``irecv``, which cost less per call; it moves host memory only, so
+CUDA tensors on gloo are staged through host copies.
 """
 
 from __future__ import annotations
@@ -54,8 +55,34 @@ def exchange(
         send_work = works[0] if do_send else None
         recv_work = works[-1] if do_recv else None
         return send_work, recv_work
+    if (do_send and send.is_cuda) or (do_recv and recv.is_cuda):
+        return _staged(send if do_send else None, dst, recv if do_recv else None, src, group)
     send_work = dist.isend(send, global_rank(group, dst), group) if do_send else None
     recv_work = dist.irecv(recv, global_rank(group, src), group) if do_recv else None
+    return send_work, recv_work
+
+
+class _Staged:
+    """A receive into host memory that lands in the device tensor when waited for."""
+
+    def __init__(self, work: Work, host: torch.Tensor, device_tensor: torch.Tensor) -> None:
+        self.work, self.host, self.device_tensor = work, host, device_tensor
+
+    def wait(self) -> bool:
+        self.work.wait()
+        self.device_tensor.copy_(self.host)
+        return True
+
+
+def _staged(send, dst, recv, src, group) -> tuple[Work | None, Work | None]:
+    """gloo moves host memory only: CUDA tensors go through host copies."""
+    send_work = recv_work = None
+    if send is not None:
+        host = send.cpu() if send.is_cuda else send
+        send_work = dist.isend(host, global_rank(group, dst), group)
+    if recv is not None:
+        host = torch.empty(recv.shape, dtype=recv.dtype, pin_memory=recv.is_cuda)
+        recv_work = _Staged(dist.irecv(host, global_rank(group, src), group), host, recv)
     return send_work, recv_work
 
 

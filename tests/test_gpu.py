@@ -1,0 +1,88 @@
+"""CUDA paths: NCCL at world size 1 (one GPU), gloo with CUDA tensors at 2 ranks, CUDA-event timing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commbench.bench.launch import LaunchSpec, run
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.gpu
+
+
+def _all_cases() -> list[str]:
+    """Every collective, algorithm and a few dtypes/ops/sizes on CUDA tensors; returns failures."""
+    import torch
+    import torch.distributed as dist
+
+    from commbench import comm
+    from commbench.bench.collectives import SPECS
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device())
+    failures = []
+    for collective, algorithms in comm.ALGORITHMS.items():
+        spec = SPECS[collective]
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            for op in ("sum", "max") if spec.needs_op else ("sum",):
+                for count in (0, 1, 1000 * world + 1, (1 << 20) * world):
+                    if collective in ("reduce_scatter", "all_gather"):
+                        count -= count % world
+                    for algorithm in algorithms:
+                        b = spec.make(count, dtype, device, rank, world, op, 0)
+                        b.input.copy_(b.reference)
+                        spec.run(b, algorithm, op, 0, None, comm.Workspace())
+                        torch.cuda.synchronize()
+                        wrong = spec.wrong(b, op, rank, world, 0)
+                        if wrong:
+                            failures.append(f"{collective}/{algorithm}/{dtype}/{op}/{count}: {wrong} wrong")
+    return failures
+
+
+def test_nccl_world_of_one():
+    results = run(_all_cases, (), LaunchSpec(world_size=1, device="cuda"))
+    assert results == {0: []}
+
+
+def test_gloo_with_cuda_tensors_at_two_ranks():
+    results = run(_all_cases, (), LaunchSpec(world_size=2, device="cuda", backend="gloo"))
+    assert results == {0: [], 1: []}
+
+
+@pytest.mark.parametrize("args", [["--world-size", "1"], ["--world-size", "2", "--backend", "gloo"]])
+def test_cuda_sweep(tmp_path, args):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "commbench",
+            "sweep",
+            "--device",
+            "cuda",
+            "-b",
+            "1K",
+            "-e",
+            "16M",
+            "-f",
+            "16",
+            "-n",
+            "5",
+            "-w",
+            "2",
+            "--json",
+            str(tmp_path / "r.jsonl"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()[1:]]
+    assert records and all(r["device"] == "cuda" and r["wrong"] == 0 for r in records)
