@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from commbench import comm
 from commbench.comm import p2p, pipeline, ring
@@ -181,7 +182,7 @@ class Reduce(_Spec):
 class SendRecv(_Spec):
     """Bidirectional exchange between ring neighbours: the transport's own limit.
 
-    Segmented and windowed exactly like the ring algorithms, so it measures what the transport
+    Segmented and pipelined exactly like the ring algorithms, so it measures what the transport
     can carry with the same pipelining, not a single blocking message.
     """
 
@@ -203,9 +204,15 @@ class SendRecv(_Spec):
         n = b.input.numel()
         nseg = num_segments(n, b.input.element_size(), ring.SEGMENT_BYTES)
         units = [Unit(b.input[a:z], b.output[a:z]) for a, z in split(n, nseg)]
-        window = max(1, min(ring.WINDOW, nseg))
+        ahead = 0 if dist.get_backend(group) == "nccl" else ring.RECV_AHEAD
         pipeline.run(
-            units, right=(rank + 1) % world, left=(rank - 1) % world, window=window, op="sum", group=group
+            units,
+            right=(rank + 1) % world,
+            left=(rank - 1) % world,
+            lag=1,
+            recv_ahead=ahead,
+            op="sum",
+            group=group,
         )
 
     def wrong(self, b, op, rank, world, root) -> int:

@@ -93,6 +93,10 @@ def external_world_size() -> int:
 
 def _rank_main(fn: Callable[..., Any], args: tuple, spec: LaunchSpec, error_dir: str | None) -> Any:
     """Body of every rank: join the group, run ``fn``, leave; record a one-line error on failure."""
+    if error_dir is not None:
+        # Ctrl-C reaches every rank: leave quietly (finally-blocks still flush finished records).
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _exit_on_signal)
     try:
         if "OMP_NUM_THREADS" not in os.environ:  # as torchrun: ranks share the cores, no oversubscription
             local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -124,6 +128,12 @@ def _rank_main(fn: Callable[..., Any], args: tuple, spec: LaunchSpec, error_dir:
         raise SystemExit(1) from None
 
 
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # one signal is enough; a second would interrupt cleanup
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
 def _record(error_dir: str | None, exc: BaseException) -> None:
     """Write "time<TAB>Type: first line" for this rank, once."""
     path = Path(error_dir or "", f"rank{os.environ.get('RANK', '?')}.err")
@@ -147,8 +157,10 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torchelastic-events-null"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet = ("torch.distributed.elastic", "torch.distributed.launcher", "torchelastic")
+    for name in [*logging.root.manager.loggerDict, *quiet]:  # the launcher's progress chatter
+        if name.startswith(quiet):
+            logging.getLogger(name).setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="commbench-") as error_dir:
         config = LaunchConfig(
             min_nodes=1,

@@ -2,8 +2,8 @@
 
 Peers are given as ranks within ``group``; translation to global ranks happens here. NCCL needs
 matching sends and receives grouped into one call or a ring deadlocks, so on NCCL the pair goes
-through ``batch_isend_irecv``; gloo takes plain ``isend``/``irecv``, which cost less per call; it moves host memory only, so
-CUDA tensors on gloo are staged through host copies.
+through ``batch_isend_irecv``; gloo takes plain ``isend``/``irecv``, which cost less per call. gloo moves
+host memory only, so CUDA tensors on gloo are staged through host copies.
 """
 
 from __future__ import annotations

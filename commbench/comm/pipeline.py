@@ -1,14 +1,19 @@
-"""A windowed send/receive pipeline: the engine behind the segmented ring algorithms.
+"""The send/receive pipeline behind the segmented ring algorithms.
 
 A schedule is a list of units; unit i sends one segment to the right neighbour and receives one
-from the left, optionally reducing what arrived into place. Unit i may depend on what unit
-i - window received, so at most ``window`` units are in flight, and the send of unit i - window
-is complete before unit i starts (its buffer may be overwritten by unit i).
+from the left, optionally reducing what arrived into place. Unit i sends what unit i - lag
+received, so its send starts as soon as that unit is finished. Receives are posted ahead of
+time, up to ``recv_ahead`` units beyond the last finished one, so a neighbour's data always finds
+a posted receive and flows at once (over gloo a receive that is not yet posted costs a round
+trip). NCCL queues a receive and a send on one stream, so there a unit's receive is posted
+together with its send instead (``recv_ahead=0``).
+
+Before unit i reduces, the send of unit i - lag is complete, so a buffer that unit i overwrites
+has left the rank.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -32,37 +37,55 @@ def run(
     *,
     right: int,
     left: int,
-    window: int,
+    lag: int,
+    recv_ahead: int,
     op: str,
     group: dist.ProcessGroup | None,
 ) -> None:
-    """Run ``units`` in order with up to ``window`` in flight; returns when all are done."""
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    sends: list[p2p.Work | None] = []
-    recvs: deque[p2p.Work | None] = deque()
+    """Run ``units``; returns when every send and receive is complete.
+
+    Args:
+        lag: unit i sends data produced by unit i - lag (>= 1).
+        recv_ahead: receives posted beyond the last finished unit; 0 pairs each receive with
+            its unit's send.
+    """
+    if lag < 1 or recv_ahead < 0:
+        raise ValueError(f"need lag >= 1 and recv_ahead >= 0, got {lag} and {recv_ahead}")
+    n = len(units)
+    sends: list[p2p.Work | None] = [None] * n
+    recvs: list[p2p.Work | None] = [None] * n
+    posted = 0  # receives posted so far (eager mode)
     done = 0
-    for unit in units:
-        if len(sends) >= window:
-            # Keep the window: finish the oldest unit before starting a new one.
-            _finish(units[done], recvs.popleft(), op)
+
+    def post_receives(upto: int) -> None:
+        nonlocal posted
+        while recv_ahead and posted < min(upto, n):
+            recvs[posted] = p2p.exchange(None, None, units[posted].recv, left, group)[1]
+            posted += 1
+
+    def finish(j: int) -> None:
+        if j >= lag and sends[j - lag] is not None:
+            sends[j - lag].wait()
+            sends[j - lag] = None  # a gloo work must be waited once: a second wait blocks
+        if recvs[j] is not None:
+            recvs[j].wait()
+        unit = units[j]
+        if unit.combine is not None and unit.recv is not None and unit.recv.numel() > 0:
+            out, a = unit.combine
+            reduce_into(out, a, unit.recv, op)
+
+    post_receives(recv_ahead)
+    for i, unit in enumerate(units):
+        while done <= i - lag:
+            finish(done)
             done += 1
-            old = len(sends) - window
-            if sends[old] is not None:
-                sends[old].wait()
-                sends[old] = None  # a gloo work must be waited once: a second wait blocks
-        send_work, recv_work = p2p.exchange(unit.send, right, unit.recv, left, group)
-        sends.append(send_work)
-        recvs.append(recv_work)
-    while recvs:
-        _finish(units[done], recvs.popleft(), op)
+            post_receives(done + recv_ahead)
+        if recv_ahead:
+            sends[i] = p2p.exchange(unit.send, right, None, None, group)[0]
+        else:
+            sends[i], recvs[i] = p2p.exchange(unit.send, right, unit.recv, left, group)
+    while done < n:
+        finish(done)
         done += 1
+        post_receives(done + recv_ahead)
     p2p.wait_all(sends)
-
-
-def _finish(unit: Unit, recv_work: p2p.Work | None, op: str) -> None:
-    if recv_work is not None:
-        recv_work.wait()
-    if unit.combine is not None and unit.recv is not None and unit.recv.numel() > 0:
-        out, a = unit.combine
-        reduce_into(out, a, unit.recv, op)

@@ -25,7 +25,7 @@ from commbench.comm.pipeline import Unit
 from commbench.comm.workspace import Workspace, scratch
 
 SEGMENT_BYTES = 2 << 20  # pipeline segment; tuned with commbench sweep (docs/PERFORMANCE.md)
-WINDOW = 4  # segments in flight per direction
+RECV_AHEAD = 64  # receives posted ahead of the pipeline (gloo); scratch holds this many segments
 
 
 def _seg(flat: torch.Tensor, span: Span, nseg: int, k: int) -> torch.Tensor:
@@ -45,7 +45,7 @@ def _reduce_scatter_units(
     rank: int,
     world: int,
     nseg: int,
-    window: int,
+    slots: int,
     workspace: Workspace | None,
     *,
     in_place: bool,
@@ -54,12 +54,14 @@ def _reduce_scatter_units(
 
     In place (all-reduce), partial sums accumulate in ``inp`` itself. Otherwise ``inp`` is left
     unchanged and partial sums alternate between ``own_out`` and one spare chunk, arranged so the
-    last step lands in ``own_out``. Arriving segments go to ``window`` scratch slots (unit i uses
-    slot i mod window, free again once unit i - window has been reduced).
+    last step lands in ``own_out``. Arriving segments go to ``slots`` scratch slots (unit i uses
+    slot i mod slots, free again once unit i - slots has been reduced and the next receive into
+    it is posted only then).
     """
     max_chunk = max(b - a for a, b in chunks)
     cap = math.ceil(max_chunk / nseg)
-    slots = scratch(workspace, "ring.slots", (window, cap), inp)
+    slots = max(1, min(slots, (world - 1) * nseg))
+    slot_buf = scratch(workspace, "ring.slots", (slots, cap), inp)
     order = ring_reduce_scatter_order(rank, world)
     if not in_place and any(b - a != own_out.numel() for a, b in chunks):
         raise ValueError("a reduce-scatter out of place needs equal chunks")
@@ -77,7 +79,7 @@ def _reduce_scatter_units(
             send = _seg(inp, chunks[cs], nseg, k) if in_place or s == 0 else acc(s - 1, k)
             out = _seg(inp, chunks[cr], nseg, k) if in_place else acc(s, k)
             units.append(
-                Unit(send, slots[len(units) % window, :n_recv], (out, _seg(inp, chunks[cr], nseg, k)))
+                Unit(send, slot_buf[len(units) % slots, :n_recv], (out, _seg(inp, chunks[cr], nseg, k)))
             )
     return units
 
@@ -90,15 +92,22 @@ def _all_gather_units(flat: torch.Tensor, chunks: list[Span], rank: int, world: 
     return units
 
 
-def _plan(chunks: list[Span], itemsize: int, segment_bytes: int, window: int) -> tuple[int, int]:
-    """(segments per chunk, units in flight). A unit sends what the unit nseg before it
-    received, so the window never exceeds nseg."""
+def _plan(chunks: list[Span], itemsize: int, segment_bytes: int, group) -> tuple[int, int]:
+    """(segments per chunk, receives posted ahead): none ahead on NCCL (see pipeline)."""
     nseg = num_segments(max(b - a for a, b in chunks), itemsize, segment_bytes)
-    return nseg, max(1, min(window, nseg))
+    return nseg, (0 if dist.get_backend(group) == "nccl" else RECV_AHEAD)
 
 
-def _run(units: list[Unit], rank: int, world: int, window: int, op: str, group) -> None:
-    pipeline.run(units, right=(rank + 1) % world, left=(rank - 1) % world, window=window, op=op, group=group)
+def _run(units: list[Unit], rank: int, world: int, nseg: int, ahead: int, op: str, group) -> None:
+    pipeline.run(
+        units,
+        right=(rank + 1) % world,
+        left=(rank - 1) % world,
+        lag=nseg,
+        recv_ahead=ahead,
+        op=op,
+        group=group,
+    )
 
 
 def all_reduce(
@@ -107,7 +116,6 @@ def all_reduce(
     group: dist.ProcessGroup | None,
     *,
     segment_bytes: int = SEGMENT_BYTES,
-    window: int = WINDOW,
     workspace: Workspace | None = None,
 ) -> None:
     """Ring all-reduce of ``tensor`` in place."""
@@ -115,10 +123,12 @@ def all_reduce(
     flat = tensor.view(-1)
     if world > 1 and flat.numel() > 0:
         chunks = split(flat.numel(), world)
-        nseg, win = _plan(chunks, flat.element_size(), segment_bytes, window)
-        units = _reduce_scatter_units(flat, chunks, flat, rank, world, nseg, win, workspace, in_place=True)
+        nseg, ahead = _plan(chunks, flat.element_size(), segment_bytes, group)
+        units = _reduce_scatter_units(
+            flat, chunks, flat, rank, world, nseg, max(ahead, nseg), workspace, in_place=True
+        )
         units += _all_gather_units(flat, chunks, rank, world, nseg)
-        _run(units, rank, world, win, op, group)
+        _run(units, rank, world, nseg, ahead, op, group)
     if op == "avg":
         tensor.div_(world)
 
@@ -129,7 +139,6 @@ def _reduce_scatter_equal(
     op: str,
     group,
     segment_bytes: int,
-    window: int,
     workspace: Workspace | None,
 ) -> None:
     """Reduce-scatter of ``flat_in`` (world x len(flat_out) elements) leaving the input intact."""
@@ -139,11 +148,11 @@ def _reduce_scatter_equal(
         flat_out.copy_(flat_in)
     elif m > 0:
         chunks = [(i * m, (i + 1) * m) for i in range(world)]
-        nseg, win = _plan(chunks, flat_in.element_size(), segment_bytes, window)
+        nseg, ahead = _plan(chunks, flat_in.element_size(), segment_bytes, group)
         units = _reduce_scatter_units(
-            flat_in, chunks, flat_out, rank, world, nseg, win, workspace, in_place=False
+            flat_in, chunks, flat_out, rank, world, nseg, max(ahead, nseg), workspace, in_place=False
         )
-        _run(units, rank, world, win, op, group)
+        _run(units, rank, world, nseg, ahead, op, group)
 
 
 def reduce_scatter(
@@ -153,11 +162,10 @@ def reduce_scatter(
     group: dist.ProcessGroup | None,
     *,
     segment_bytes: int = SEGMENT_BYTES,
-    window: int = WINDOW,
     workspace: Workspace | None = None,
 ) -> None:
     """Ring reduce-scatter: rank r's ``output`` gets chunk r of the reduced ``input``."""
-    _reduce_scatter_equal(output.view(-1), input.view(-1), op, group, segment_bytes, window, workspace)
+    _reduce_scatter_equal(output.view(-1), input.view(-1), op, group, segment_bytes, workspace)
     if op == "avg":
         output.div_(dist.get_world_size(group))
 
@@ -168,7 +176,6 @@ def all_gather(
     group: dist.ProcessGroup | None,
     *,
     segment_bytes: int = SEGMENT_BYTES,
-    window: int = WINDOW,
     workspace: Workspace | None = None,
 ) -> None:
     """Ring all-gather: ``output`` is every rank's ``input`` concatenated in rank order."""
@@ -178,8 +185,8 @@ def all_gather(
     flat[rank * m : (rank + 1) * m].copy_(input.view(-1))
     if world > 1 and m > 0:
         chunks = [(i * m, (i + 1) * m) for i in range(world)]
-        nseg, win = _plan(chunks, flat.element_size(), segment_bytes, window)
-        _run(_all_gather_units(flat, chunks, rank, world, nseg), rank, world, win, "sum", group)
+        nseg, ahead = _plan(chunks, flat.element_size(), segment_bytes, group)
+        _run(_all_gather_units(flat, chunks, rank, world, nseg), rank, world, nseg, ahead, "sum", group)
 
 
 def broadcast(
@@ -219,7 +226,6 @@ def reduce(
     group: dist.ProcessGroup | None,
     *,
     segment_bytes: int = SEGMENT_BYTES,
-    window: int = WINDOW,
     workspace: Workspace | None = None,
 ) -> None:
     """Ring reduce-scatter over the first world x (count // world) elements, then every rank
@@ -233,7 +239,7 @@ def reduce(
     body, tail = flat[: m * world], flat[m * world :]
     if world > 1 and m > 0:
         own = scratch(workspace, "ring.own", (m,), flat)
-        _reduce_scatter_equal(own, body, op, group, segment_bytes, window, workspace)
+        _reduce_scatter_equal(own, body, op, group, segment_bytes, workspace)
         if rank == dst:
             works = [p2p.recv(body[r * m : (r + 1) * m], r, group) for r in range(world) if r != dst]
             body[dst * m : (dst + 1) * m].copy_(own)
