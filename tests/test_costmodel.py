@@ -76,9 +76,21 @@ def test_unknown_names_raise():
 
 
 def test_auto_table_is_well_formed():
-    for collective, table in tuning.AUTO.items():
-        assert table[-1][0] is None
-        limits = [lim for lim, _ in table[:-1]]
-        assert limits == sorted(limits)
-        for _, algorithm in table:
-            assert algorithm in ALGORITHMS[collective]
+    for collective, rows in tuning.AUTO.items():
+        assert "default" in rows
+        for table in rows.values():
+            assert table[-1][0] is None
+            limits = [lim for lim, _ in table[:-1]]
+            assert limits == sorted(limits)
+            for _, algorithm in table:
+                assert algorithm in ALGORITHMS[collective]
+
+
+def test_auto_picks_by_size_and_world():
+    assert tuning.choose("all_reduce", 4 << 20, 2) == "rd"
+    assert tuning.choose("all_reduce", 4 << 20, 4) == "ring"
+    assert tuning.choose("all_reduce", 1024, 4) == "rd"
+    assert tuning.choose("all_reduce", 64 << 20, 2) == "ring"
+    assert tuning.choose("broadcast", 1024, 3) == "naive"
+    assert tuning.choose("reduce", 1024, 3) == "tree"
+    assert tuning.choose("all_reduce", 1024, 1) == "builtin"

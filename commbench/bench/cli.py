@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         "checked, with the transport's own send/recv limit measured in the same run.",
     )
     _add_sweep_args(sweep)
+    summary = sub.add_parser(
+        "summary",
+        help="ratio tables (to builtin and to the limit) from sweep JSON Lines",
+        description="Print, per size, each algorithm's busbw relative to builtin and to the send/recv "
+        "limit, as a Markdown table, from files written by `commbench sweep --json`.",
+    )
+    summary.add_argument("files", nargs="+", help="JSON Lines files from commbench sweep")
     demo = sub.add_parser(
         "demo",
         help="the default job: all_reduce with builtin, naive and ring on 2 local CPU ranks",
@@ -198,6 +205,32 @@ def cmd_sweep(config: Any, spec: Any, plot_path: str | None) -> int:
     return 0
 
 
+def cmd_summary(files: list[str]) -> int:
+    import json
+
+    from commbench.bench.records import read_jsonl
+    from commbench.bench.report import ratio_table
+
+    for path in files:
+        try:
+            records = read_jsonl(path)
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not JSON Lines: {exc.msg} at line {exc.lineno}") from None
+        header = next((r for r in records if r.get("type") == "header"), {})
+        sweep = [r for r in records if r.get("type") == "sweep"]
+        first = sweep[0] if sweep else {}
+        print(
+            f"### {path}: {first.get('collective', '?')}, {first.get('world_size', '?')} ranks, "
+            f"{first.get('backend', '?')}, {first.get('dtype', '?')}"
+        )
+        print(f"\n`{header.get('command', '?')}`\n")
+        print(ratio_table(records))
+        print()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``commbench`` command; returns the exit code."""
     from commbench.bench.launch import Interrupted, RankFailed
@@ -207,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "sweep":
             return cmd_sweep(sweep_config(args), launch_spec(args), args.plot)
+        if args.command == "summary":
+            return cmd_summary(args.files)
         if args.command == "demo":
             Path("results").mkdir(exist_ok=True)
             demo = build_parser().parse_args(

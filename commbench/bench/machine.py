@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import socket
 import subprocess
 import sys
@@ -53,6 +54,13 @@ def _gpus() -> dict[str, Any] | None:
         pynvml.nvmlShutdown()
 
 
+def _command() -> str:
+    """The command line as typed: ``python -m commbench`` and the script both read as commbench."""
+    first = sys.argv[0] if sys.argv else ""
+    name = "commbench" if first.endswith(("__main__.py", "commbench")) else first
+    return shlex.join([name, *sys.argv[1:]])
+
+
 def machine_info(backend: str | None = None) -> dict[str, Any]:
     """Hostname, CPU, library versions, GPUs, commit and command line of this run."""
     import psutil
@@ -76,5 +84,5 @@ def machine_info(backend: str | None = None) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "gpus": _gpus(),
         "commit": _git_commit(),
-        "command": " ".join(sys.argv),
+        "command": _command(),
     }

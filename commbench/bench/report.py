@@ -76,3 +76,28 @@ def plot_busbw(records: Sequence[dict[str, Any]], path: str, title: str = "") ->
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def ratio_table(records: Sequence[dict[str, Any]]) -> str:
+    """Markdown table per size: each algorithm's busbw ratio to builtin, and to the limit."""
+    rows = [r for r in records if r.get("type") == "sweep" and r["collective"] != "sendrecv"]
+    if not rows:
+        return "(no sweep records)"
+    algos = list(dict.fromkeys(r["algorithm"] for r in rows))
+    by_size: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_size.setdefault(r["size_bytes"], {})[r["algorithm"]] = r
+    head = ["size (B)", "builtin busbw (GB/s)"]
+    head += [f"{a} / builtin" for a in algos if a != "builtin"] + [f"{a} / limit" for a in algos]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for size in sorted(by_size):
+        row = by_size[size]
+        cells = [str(size), _cell(row.get("builtin", {}).get("busbw_gbps"), ".3f")]
+        cells += [_cell(row.get(a, {}).get("busbw_ratio_to_builtin"), ".2f") for a in algos if a != "builtin"]
+        cells += [_cell(row.get(a, {}).get("frac_of_limit"), ".2f") for a in algos]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)

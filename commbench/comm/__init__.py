@@ -126,7 +126,7 @@ def _agree(group: dist.ProcessGroup | None, device: torch.device, *fields: int) 
     dev = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
     mine = torch.tensor(fields, dtype=torch.int64, device=dev)
     every = torch.empty(world * len(fields), dtype=torch.int64, device=dev)
-    dist.all_gather_into_tensor(every, mine, group=group)
+    builtin.all_gather(every, mine, group)
     rows = every.view(world, len(fields)).cpu().tolist()
     bad = [r for r, row in enumerate(rows) if row != rows[0]]
     if bad:

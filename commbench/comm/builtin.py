@@ -10,6 +10,10 @@ import torch.distributed as dist
 from commbench.comm import p2p
 from commbench.comm.ops import torch_reduce_op
 
+# torch 2.14 renamed the tensor forms; older releases only have the old names.
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def _native_avg(group: dist.ProcessGroup | None) -> bool:
     return dist.get_backend(group) == "nccl"
@@ -33,14 +37,14 @@ def all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None, *
 def reduce_scatter(
     output: torch.Tensor, input: torch.Tensor, op: str, group: dist.ProcessGroup | None, **_: object
 ) -> None:
-    dist.reduce_scatter_tensor(output, input, op=_op(op, group), group=group)
+    _reduce_scatter_tensor(output, input, op=_op(op, group), group=group)
     _finish_avg(output, op, group)
 
 
 def all_gather(
     output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup | None, **_: object
 ) -> None:
-    dist.all_gather_into_tensor(output, input, group=group)
+    _all_gather_tensor(output, input, group=group)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None, **_: object) -> None:

@@ -1,0 +1,95 @@
+"""A gloo world in which the pytest process is rank 0, so pytest-benchmark can time a collective.
+
+The other ranks are started by the elastic launcher, leave the group it made them, and join
+this one through a TCPStore that the pytest process owns. Before each benchmark, rank 0 tells
+them which call to repeat and how often; every repetition starts with the same barrier that
+pytest-benchmark's setup runs on rank 0, outside the timed region.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commbench import comm
+from commbench.bench import launch
+from commbench.bench.collectives import SPECS, Buffers
+from commbench.comm.ops import parse_dtype
+
+PREFIX = "bench"
+
+
+def make(collective: str, size_bytes: int, dtype: str, rank: int, world: int) -> Buffers:
+    spec = SPECS[collective]
+    dt = parse_dtype(dtype)
+    return spec.make(
+        spec.count(size_bytes, dt.itemsize, world), dt, torch.device("cpu"), rank, world, "sum", 0
+    )
+
+
+def _helper(host: str, port: int, world: int) -> None:
+    """Rank 1.. of the benchmark world: repeat what rank 0 announces until told to stop."""
+    rank = dist.get_rank() + 1
+    dist.destroy_process_group()
+    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=600))
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore(PREFIX, store),
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=120),
+    )
+    workspace = comm.Workspace()
+    i = 0
+    while (cmd := pickle.loads(store.get(f"cmd/{i}"))) is not None:
+        collective, algorithm, size_bytes, dtype, calls = cmd
+        b = make(collective, size_bytes, dtype, rank, world)
+        for _ in range(calls):
+            b.input.copy_(b.reference)
+            dist.barrier()
+            SPECS[collective].run(b, algorithm, "sum", 0, None, workspace)
+        i += 1
+
+
+class BenchWorld:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.store = dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=600)
+        )
+        self.error: BaseException | None = None
+        self.i = 0
+        spec = launch.LaunchSpec(world_size=size - 1, timeout_s=120)
+
+        def target() -> None:
+            try:
+                launch.run(_helper, ("127.0.0.1", self.store.port, size), spec)
+            except BaseException as exc:
+                self.error = exc
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(PREFIX, self.store),
+            rank=0,
+            world_size=size,
+            timeout=timedelta(seconds=120),
+        )
+        self.workspace = comm.Workspace()
+
+    def announce(self, collective: str, algorithm: str, size_bytes: int, dtype: str, calls: int) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"benchmark helpers failed: {self.error}")
+        self.store.set(f"cmd/{self.i}", pickle.dumps((collective, algorithm, size_bytes, dtype, calls)))
+        self.i += 1
+
+    def close(self) -> Any:
+        self.store.set(f"cmd/{self.i}", pickle.dumps(None))
+        dist.destroy_process_group()
+        self.thread.join(timeout=120)
