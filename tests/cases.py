@@ -88,6 +88,34 @@ def _mismatch(case: dict[str, Any]) -> str:
     return "no error"
 
 
+def _validation(case: dict[str, Any]) -> dict[str, str]:
+    """Bad arguments each raise a clear error before any communication (so nothing hangs)."""
+    world = dist.get_world_size()
+    calls = {
+        "non-contiguous": lambda: comm.all_reduce(torch.ones(4, 4).t(), algorithm="ring"),
+        "unknown algorithm": lambda: comm.all_reduce(torch.ones(4), algorithm="butterfly"),
+        "tree all_reduce": lambda: comm.all_reduce(torch.ones(4), algorithm="tree"),
+        "unknown op": lambda: comm.all_reduce(torch.ones(4), op="xor"),
+        "avg on integers": lambda: comm.all_reduce(torch.ones(4, dtype=torch.int32), op="avg"),
+        "unsupported dtype": lambda: comm.all_reduce(torch.ones(4, dtype=torch.complex64)),
+        "gather output size": lambda: comm.all_gather(torch.empty(4 * world + 1), torch.ones(4)),
+        "scatter input size": lambda: comm.reduce_scatter(torch.empty(4), torch.ones(4 * world - 1)),
+        "dtype mismatch": lambda: comm.all_gather(torch.empty(4 * world, dtype=torch.float64), torch.ones(4)),
+        "root out of range": lambda: comm.broadcast(torch.ones(4), src=world),
+        "not a tensor": lambda: comm.all_reduce([1.0, 2.0]),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = "no error"
+        except (ValueError, TypeError) as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
 def run_case(case: tuple[str, dict[str, Any]]) -> Any:
     kind, body = case
-    return {"collective": _collective, "bytes": _bytes, "mismatch": _mismatch}[kind](body)
+    return {"collective": _collective, "bytes": _bytes, "mismatch": _mismatch, "validation": _validation}[
+        kind
+    ](body)

@@ -66,3 +66,22 @@ def test_bytes_on_the_wire_match_the_cost_model(worlds, world_size, collective):
 def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
     results = worlds(3).run(("mismatch", {"count": 10, "op": "sum", "algorithm": algorithm, "vary": vary}))
     assert all("ranks disagree" in r for r in results), results
+
+
+def test_bad_arguments_raise_clear_errors(worlds):
+    expected = {
+        "non-contiguous": "contiguous",
+        "unknown algorithm": "choose from builtin, naive, ring, rd, auto",
+        "tree all_reduce": "unknown algorithm 'tree'",
+        "unknown op": "unknown op 'xor'",
+        "avg on integers": "floating-point",
+        "unsupported dtype": "unsupported dtype",
+        "gather output size": "must have world_size x 4",
+        "scatter input size": "must have world_size x 4",
+        "dtype mismatch": "share dtype",
+        "root out of range": "src must be a rank",
+        "not a tensor": "must be a torch.Tensor",
+    }
+    for rank_result in worlds(2).run(("validation", {})):
+        for name, needle in expected.items():
+            assert needle in rank_result[name], (name, rank_result[name])
