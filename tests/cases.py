@@ -80,6 +80,8 @@ def _mismatch(case: dict[str, Any]) -> str:
     """Ranks call all_reduce with different sizes; the error every rank raised."""
     rank = dist.get_rank()
     tensor = torch.ones(case["count"] + (rank if case["vary"] == "size" else 0))
+    if case["vary"] == "local" and rank == 1:  # only this rank's own checks can see the problem
+        tensor = torch.ones(case["count"], 2).t()[0]
     op = case["op"] if case["vary"] != "op" or rank == 0 else "max"
     try:
         comm.all_reduce(tensor, op, case["algorithm"])
@@ -114,8 +116,32 @@ def _validation(case: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _in_place_reduce_scatter(case: dict[str, Any]) -> list[str]:
+    """reduce_scatter with output a view of input chunk r, against the closed form."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    m = case["count"]
+    failures = []
+    for algorithm in comm.ALGORITHMS["reduce_scatter"]:
+        if algorithm == "builtin":
+            continue
+        data = torch.tensor([r * 10 + i % 3 for r in range(world) for i in range(m)], dtype=torch.float64)
+        data += rank  # rank-dependent, so the sum over ranks is exact and known
+        output = data[rank * m : (rank + 1) * m]
+        comm.reduce_scatter(output, data, "sum", algorithm, workspace=comm.Workspace())
+        expected = torch.tensor(
+            [world * (rank * 10 + i % 3) + sum(range(world)) for i in range(m)], dtype=torch.float64
+        )
+        if not torch.equal(output, expected):
+            failures.append(f"{algorithm} on rank {rank}: {output[:4].tolist()} != {expected[:4].tolist()}")
+    return failures
+
+
 def run_case(case: tuple[str, dict[str, Any]]) -> Any:
     kind, body = case
-    return {"collective": _collective, "bytes": _bytes, "mismatch": _mismatch, "validation": _validation}[
-        kind
-    ](body)
+    return {
+        "collective": _collective,
+        "bytes": _bytes,
+        "mismatch": _mismatch,
+        "validation": _validation,
+        "in_place_rs": _in_place_reduce_scatter,
+    }[kind](body)

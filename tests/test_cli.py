@@ -42,6 +42,11 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["sweep", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),
         (["sweep", "--plot", "/"], "cannot write"),
         (["sweep", "--backend", "nccl"], "needs --device cuda"),
+        (["sweep", "--timeout", "inf"], "finite"),
+        (["sweep", "-f", "inf"], "finite"),
+        (["sweep", "-b", "1", "-e", "1G", "-i", "1"], "more than 1000 sizes"),
+        (["sweep", "--json", "same.out", "--csv", "same.out"], "same file"),
+        (["summary", "/nonexistent.jsonl"], "cannot read"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
@@ -170,3 +175,61 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
     assert kept[0]["type"] == "header" and len(kept) >= 3
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert alive == []
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("3\n", "not a JSON object"),
+        ('{"type": "sweep"}\n', "without 'collective'"),
+        ("{oops\n", "not JSON Lines"),
+    ],
+)
+def test_summary_rejects_files_it_did_not_write(tmp_path, capsys, content, needle):
+    path = tmp_path / "r.jsonl"
+    path.write_text(content)
+    assert main(["summary", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def test_summary_prints_ratio_tables(tmp_path, capsys):
+    out = _run(
+        [
+            "sweep",
+            "-b",
+            "4K",
+            "-e",
+            "8K",
+            *SMALL,
+            "-a",
+            "builtin,ring",
+            "--json",
+            str(tmp_path / "r.jsonl"),
+            "-q",
+        ]
+    )
+    assert out.returncode == 0, out.stderr
+    assert main(["summary", str(tmp_path / "r.jsonl")]) == 0
+    table = capsys.readouterr().out
+    assert "| 4096 |" in table and "| 8192 |" in table and "ring / builtin" in table
+
+
+def test_sendrecv_defaults_to_its_only_algorithm(tmp_path):
+    out = _run(
+        [
+            "sweep",
+            "--collective",
+            "sendrecv",
+            "-b",
+            "4K",
+            "-e",
+            "4K",
+            *SMALL,
+            "--json",
+            str(tmp_path / "r.jsonl"),
+        ]
+    )
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()[1:]]
+    assert [(r["collective"], r["algorithm"], r["wrong"]) for r in records] == [("sendrecv", "p2p", 0)]

@@ -61,11 +61,20 @@ def test_bytes_on_the_wire_match_the_cost_model(worlds, world_size, collective):
             assert [m[1] for m in measured] == list(model.recv_bytes), (algorithm, count)
 
 
-@pytest.mark.parametrize("vary", ["size", "op"])
+@pytest.mark.parametrize("vary", ["size", "op", "local"])
 @pytest.mark.parametrize("algorithm", ["ring", "naive", "rd", "builtin"])
 def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
     results = worlds(3).run(("mismatch", {"count": 10, "op": "sum", "algorithm": algorithm, "vary": vary}))
-    assert all("ranks disagree" in r for r in results), results
+    if vary == "local":  # the rank with the bad tensor says what is wrong; the others see disagreement
+        assert "contiguous" in results[1] and all("ranks disagree" in results[r] for r in (0, 2)), results
+    else:
+        assert all("ranks disagree" in r for r in results), results
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5])
+@pytest.mark.parametrize("count", [1, 7, 300_001])
+def test_in_place_reduce_scatter(worlds, world_size, count):
+    assert worlds(world_size).run(("in_place_rs", {"count": count})) == [[]] * world_size
 
 
 def test_bad_arguments_raise_clear_errors(worlds):

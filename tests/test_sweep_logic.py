@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from commbench.bench.collectives import count_wrong, pattern, poison, reduced_pattern
 from commbench.bench.sweep import LIMIT, SweepConfig, sizes, stats_us
 from commbench.bench.units import format_size, parse_size
 
@@ -80,3 +82,31 @@ def test_limit_series_is_added_except_for_sendrecv():
     assert SweepConfig().series == ("builtin", "naive", "ring", LIMIT)
     assert SweepConfig(limit=False).series == ("builtin", "naive", "ring")
     assert SweepConfig(collective="sendrecv", algorithms=("p2p",)).series == ("p2p",)
+
+
+def test_count_wrong_counts_nan_inf_and_differences():
+    expected = torch.ones(5)
+    assert count_wrong(torch.ones(5), expected) == 0
+    assert count_wrong(torch.tensor([1.0, float("nan"), float("inf"), 2.0, 1.0]), expected) == 3
+    assert count_wrong(torch.tensor([1, 2, 1], dtype=torch.int32), torch.ones(3, dtype=torch.int32)) == 1
+
+
+def test_poisoned_output_is_all_wrong():
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8):
+        out = torch.empty(10, dtype=dtype)
+        poison(out)
+        assert count_wrong(out, reduced_pattern(3, 10, "sum", dtype, torch.device("cpu"))) == 10
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])
+@pytest.mark.parametrize("world", [1, 2, 5])
+def test_closed_form_matches_reducing_the_patterns(op, world):
+    inputs = torch.stack([pattern(r, 23, op, torch.float64, torch.device("cpu")) for r in range(world)])
+    direct = {
+        "sum": inputs.sum(0),
+        "avg": inputs.mean(0),
+        "max": inputs.max(0).values,
+        "min": inputs.min(0).values,
+        "prod": inputs.prod(0),
+    }[op]
+    assert torch.equal(reduced_pattern(world, 23, op, torch.float64, torch.device("cpu")), direct)

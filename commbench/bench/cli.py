@@ -9,6 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+SUMMARY_KEYS = (
+    "collective",
+    "algorithm",
+    "size_bytes",
+    "busbw_gbps",
+    "busbw_ratio_to_builtin",
+    "frac_of_limit",
+)
 SIZE_HELP = "bytes, or with a K/M/G suffix (2^10, 2^20, 2^30 bytes)"
 
 
@@ -62,8 +70,8 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-a",
         "--algorithms",
-        default="builtin,naive,ring",
-        help="comma-separated, interleaved at each size; "
+        default=None,
+        help="comma-separated, interleaved at each size (default builtin,naive,ring; p2p for sendrecv); "
         + "; ".join(f"{c}: {','.join(a)}" for c, a in ALGORITHMS.items())
         + "; sendrecv: p2p",
     )
@@ -124,12 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _algorithms(args: argparse.Namespace) -> str:
+    if args.algorithms is not None:
+        return args.algorithms
+    return "p2p" if args.collective == "sendrecv" else "builtin,naive,ring"
+
+
 def sweep_config(args: argparse.Namespace) -> Any:
     from commbench.bench.sweep import SweepConfig
 
     return SweepConfig(
         collective=args.collective,
-        algorithms=tuple(a.strip() for a in args.algorithms.split(",") if a.strip()),
+        algorithms=tuple(a.strip() for a in _algorithms(args).split(",") if a.strip()),
         min_bytes=args.minbytes,
         max_bytes=args.maxbytes,
         step_factor=args.stepfactor,
@@ -218,8 +232,14 @@ def cmd_summary(files: list[str]) -> int:
             raise ValueError(f"cannot read {path}: {exc.strerror}") from None
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path} is not JSON Lines: {exc.msg} at line {exc.lineno}") from None
+        bad = next((i for i, r in enumerate(records, 1) if not isinstance(r, dict)), None)
+        if bad is not None:
+            raise ValueError(f"{path} line {bad} is not a JSON object")
         header = next((r for r in records if r.get("type") == "header"), {})
         sweep = [r for r in records if r.get("type") == "sweep"]
+        missing = next((k for r in sweep for k in SUMMARY_KEYS if k not in r), None)
+        if missing:
+            raise ValueError(f"{path} has a sweep record without {missing!r}: not written by commbench sweep")
         first = sweep[0] if sweep else {}
         print(
             f"### {path}: {first.get('collective', '?')}, {first.get('world_size', '?')} ranks, "

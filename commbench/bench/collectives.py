@@ -62,6 +62,11 @@ def reduced_pattern(
     return table[idx].to(dtype=dtype, device=device)
 
 
+def poison(t: torch.Tensor) -> None:
+    """Fill an output with a value no pattern produces (NaN, or -1), so unwritten parts show up."""
+    t.fill_(float("nan") if t.dtype.is_floating_point else -1)
+
+
 def count_wrong(got: torch.Tensor, expected: torch.Tensor) -> int:
     """Elements of ``got`` that differ from ``expected`` beyond the dtype's rounding."""
     if got.numel() == 0:
@@ -69,7 +74,7 @@ def count_wrong(got: torch.Tensor, expected: torch.Tensor) -> int:
     if got.dtype.is_floating_point:
         rtol = {torch.float16: 1e-3, torch.bfloat16: 1e-2}.get(got.dtype, 1e-5)
         g, e = got.double(), expected.double()
-        return int(((g - e).abs() > rtol * e.abs() + 1e-6).sum().item())
+        return int((~((g - e).abs() <= rtol * e.abs() + 1e-6)).sum().item())  # NaN counts as wrong
     return int((got != expected).sum().item())
 
 

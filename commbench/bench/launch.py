@@ -10,6 +10,7 @@ each rank joins a process group before ``fn`` runs and leaves it after.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -62,8 +63,8 @@ class LaunchSpec:
             raise ValueError(f"unknown backend {self.backend!r}; choose from {', '.join(BACKENDS)}")
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("backend nccl needs --device cuda")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
+        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {self.timeout_s}")
 
     @property
     def resolved_backend(self) -> str:
@@ -187,18 +188,25 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
 
 def _first_failure(exc: Any, error_dir: str) -> RankFailed:
     """The failure that came first: a rank's own error, not the peers it took down with it."""
-    found = []  # (priority, time, rank, text): a rank that died on its own comes first
-    for path in Path(error_dir).glob("rank*.err"):  # every rank that raised, reported or not
+    # A rank that died on its own (an exit code, a crash, SIGKILL) is the likeliest cause: its
+    # peers' recorded errors are then "connection closed". Next come ranks that raised, earliest
+    # first, then ranks aborted (SIGABRT, as NCCL's watchdog does to peers) or stopped by the
+    # launcher or the user. The launcher's timestamps are detection times, so they cannot order
+    # a death against a raise.
+    found = []  # (class, time, rank, text)
+    for path in Path(error_dir).glob("rank*.err"):
         stamp, _, text = path.read_text().partition("\t")
         found.append((1, float(stamp), int(path.stem[4:]), text))
     for rank, failure in exc.failures.items():
         if Path(error_dir, f"rank{rank}.err").exists():
             continue
-        signal = failure.signal_name()
-        text = f"killed by {signal}" if signal != "<N/A>" else f"exited with code {failure.exitcode}"
-        stopped = signal in ("SIGTERM", "SIGINT")  # stopped by the launcher or the user
-        found.append((2 if stopped else 0, float(failure.timestamp), rank, text))
+        name = failure.signal_name()
+        text = f"killed by {name}" if name != "<N/A>" else f"exited with code {failure.exitcode}"
+        found.append(
+            (2 if name in ("SIGABRT", "SIGTERM", "SIGINT") else 0, float(failure.timestamp), rank, text)
+        )
+    found.sort()
     if not found:
         return RankFailed(-1, str(exc))
-    _, _, rank, text = min(found)
+    _, _, rank, text = found[0]
     return RankFailed(rank, text)

@@ -13,17 +13,19 @@ import math
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from commbench import comm
-from commbench.bench.collectives import SPECS, algorithms_for
+from commbench.bench.collectives import SPECS, algorithms_for, poison
 from commbench.bench.records import RecordWriter, SweepRecord
 from commbench.comm.costmodel import cost
 from commbench.comm.ops import check_op, parse_dtype
 
 LIMIT = "limit"  # name of the sendrecv series measured beside the algorithms
+MAX_SIZES = 1000
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,8 +68,14 @@ class SweepConfig:
             raise ValueError(f"minimum size {self.min_bytes} is above maximum size {self.max_bytes}")
         if self.step_bytes is not None and self.step_bytes <= 0:
             raise ValueError(f"step bytes must be > 0, got {self.step_bytes}")
-        if self.step_bytes is None and not self.step_factor > 1:
-            raise ValueError(f"step factor must be > 1, got {self.step_factor}")
+        if self.step_bytes is None and not (self.step_factor > 1 and math.isfinite(self.step_factor)):
+            raise ValueError(f"step factor must be a finite number > 1, got {self.step_factor}")
+        if (
+            self.json_path
+            and self.csv_path
+            and Path(self.json_path).resolve() == Path(self.csv_path).resolve()
+        ):
+            raise ValueError(f"--json and --csv name the same file {self.json_path}")
         if self.iters < 1:
             raise ValueError(f"iters must be >= 1, got {self.iters}")
         if self.warmup < 0:
@@ -77,6 +85,8 @@ class SweepConfig:
             check_op(self.op, dtype)
         if self.root < 0:
             raise ValueError(f"root must be >= 0, got {self.root}")
+        if len(sizes(self)) > MAX_SIZES:
+            raise ValueError(f"more than {MAX_SIZES} sizes between minimum and maximum; use a larger step")
 
     @property
     def series(self) -> tuple[str, ...]:
@@ -89,7 +99,7 @@ def sizes(config: SweepConfig) -> list[int]:
     """Message sizes from min to max by step factor or step bytes (nccl-tests' -f / -i)."""
     out = []
     size = config.min_bytes
-    while size <= config.max_bytes:
+    while size <= config.max_bytes and len(out) <= MAX_SIZES:
         out.append(size)
         if config.step_bytes is not None:
             size += config.step_bytes
@@ -202,13 +212,16 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
             local = []
             for s in config.series:
                 sp, b = (limit_spec, bufs[s]) if s == LIMIT else (spec, bufs[s])
+                if b.output.data_ptr() != b.input.data_ptr():
+                    poison(b.output)
                 b.input.copy_(b.reference)
                 sp.run(b, "p2p" if s == LIMIT else s, config.op, config.root, None, workspace)
                 local.append(sp.wrong(b, config.op, rank, world, config.root))
             w = torch.tensor(local, dtype=torch.int64, device=device if backend == "nccl" else "cpu")
             dist.all_reduce(w)
             wrong = dict(zip(config.series, w.cpu().tolist(), strict=True))
-        st = {s: stats_us(mat[i].tolist()) for i, s in enumerate(config.series)}
+        # A CUDA-event pair around no GPU work can read 0: floor at 1 ns to keep bandwidths finite.
+        st = {s: stats_us([max(t, 1e-9) for t in mat[i].tolist()]) for i, s in enumerate(config.series)}
         busbw = {
             s: size_bytes
             / (st[s]["time_us"] / 1e6)

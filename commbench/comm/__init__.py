@@ -138,27 +138,47 @@ def _agree(group: dist.ProcessGroup | None, device: torch.device, *fields: int) 
 
 _DTYPE_CODES = {d: i for i, d in enumerate(DTYPES.values())}
 _OP_CODES = {o: i for i, o in enumerate(OPS)}
+_INVALID = (-1, -1, -1, -1, -1)
 
 
-def _run(
+def _local_device(group: dist.ProcessGroup | None) -> torch.device:
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _prepare(
     collective: str,
     algorithm: str,
-    tensor: torch.Tensor,
-    op: str,
     group: dist.ProcessGroup | None,
     check: bool,
-    root: int,
-    size_bytes: int,
+    validate: Callable[[], tuple[torch.Tensor, int, str, int]],
 ) -> Callable[..., None]:
-    """Validate what every collective shares and return the implementation to call."""
+    """Validate locally and (with ``check``) across ranks; return the implementation to call.
+
+    ``validate`` raises on bad local arguments, else returns (the tensor whose shape and dtype
+    every rank must share, message size in bytes, op, root). A rank whose arguments are bad
+    still takes part in the agreement, so the others raise too instead of waiting for it.
+    """
     world = dist.get_world_size(group)
-    algo = resolve(collective, algorithm, size_bytes, world)
-    if check:
+    error: Exception | None = None
+    try:
+        tensor, size_bytes, op, root = validate()
+        impl = _IMPLS[collective][resolve(collective, algorithm, size_bytes, world)]
         algo_code = list(ALGORITHMS[collective]).index(algorithm)
-        _agree(
-            group, tensor.device, tensor.numel(), _DTYPE_CODES[tensor.dtype], _OP_CODES[op], algo_code, root
-        )
-    return _IMPLS[collective][algo]
+        fields = (tensor.numel(), _DTYPE_CODES[tensor.dtype], _OP_CODES[op], algo_code, root)
+        device = tensor.device
+    except (ValueError, TypeError) as exc:
+        error, fields, device = exc, _INVALID, _local_device(group)
+    if check and world > 1:
+        try:
+            _agree(group, device, *fields)
+        except ValueError:
+            if error is None:
+                raise
+    if error is not None:
+        raise error
+    return impl
 
 
 def all_reduce(
@@ -171,10 +191,13 @@ def all_reduce(
     workspace: Workspace | None = None,
 ) -> None:
     """Reduce ``tensor`` across ranks in place (like ``torch.distributed.all_reduce``)."""
-    _check_tensor("tensor", tensor)
-    check_op(op, tensor.dtype)
-    size = tensor.numel() * tensor.element_size()
-    _run("all_reduce", algorithm, tensor, op, group, check, 0, size)(tensor, op, group, workspace=workspace)
+
+    def validate() -> tuple[torch.Tensor, int, str, int]:
+        _check_tensor("tensor", tensor)
+        check_op(op, tensor.dtype)
+        return tensor, tensor.numel() * tensor.element_size(), op, 0
+
+    _prepare("all_reduce", algorithm, group, check, validate)(tensor, op, group, workspace=workspace)
 
 
 def reduce_scatter(
@@ -187,13 +210,17 @@ def reduce_scatter(
     check: bool = True,
     workspace: Workspace | None = None,
 ) -> None:
-    """Reduce ``input`` across ranks; rank r's ``output`` gets chunk r (``reduce_scatter_tensor``)."""
-    _check_pair(output, input, dist.get_world_size(group), "reduce_scatter")
-    check_op(op, input.dtype)
-    size = input.numel() * input.element_size()
-    _run("reduce_scatter", algorithm, input, op, group, check, 0, size)(
-        output, input, op, group, workspace=workspace
-    )
+    """Reduce ``input`` across ranks; rank r's ``output`` gets chunk r (``reduce_scatter_tensor``).
+
+    ``output`` may be a view of ``input`` (the in-place form)."""
+
+    def validate() -> tuple[torch.Tensor, int, str, int]:
+        _check_pair(output, input, dist.get_world_size(group), "reduce_scatter")
+        check_op(op, input.dtype)
+        return input, input.numel() * input.element_size(), op, 0
+
+    impl = _prepare("reduce_scatter", algorithm, group, check, validate)
+    impl(output, input, op, group, workspace=workspace)
 
 
 def all_gather(
@@ -206,11 +233,12 @@ def all_gather(
     workspace: Workspace | None = None,
 ) -> None:
     """Concatenate every rank's ``input`` into ``output`` in rank order (``all_gather_into_tensor``)."""
-    _check_pair(output, input, dist.get_world_size(group), "all_gather")
-    size = output.numel() * output.element_size()
-    _run("all_gather", algorithm, input, "sum", group, check, 0, size)(
-        output, input, group, workspace=workspace
-    )
+
+    def validate() -> tuple[torch.Tensor, int, str, int]:
+        _check_pair(output, input, dist.get_world_size(group), "all_gather")
+        return input, output.numel() * output.element_size(), "sum", 0
+
+    _prepare("all_gather", algorithm, group, check, validate)(output, input, group, workspace=workspace)
 
 
 def broadcast(
@@ -223,12 +251,13 @@ def broadcast(
     workspace: Workspace | None = None,
 ) -> None:
     """Copy ``tensor`` from rank ``src`` (within ``group``) to every rank."""
-    _check_tensor("tensor", tensor)
-    _check_root("src", src, dist.get_world_size(group))
-    size = tensor.numel() * tensor.element_size()
-    _run("broadcast", algorithm, tensor, "sum", group, check, src, size)(
-        tensor, src, group, workspace=workspace
-    )
+
+    def validate() -> tuple[torch.Tensor, int, str, int]:
+        _check_tensor("tensor", tensor)
+        _check_root("src", src, dist.get_world_size(group))
+        return tensor, tensor.numel() * tensor.element_size(), "sum", src
+
+    _prepare("broadcast", algorithm, group, check, validate)(tensor, src, group, workspace=workspace)
 
 
 def reduce(
@@ -243,10 +272,11 @@ def reduce(
 ) -> None:
     """Reduce ``tensor`` across ranks into rank ``dst``; hand-written algorithms leave the other
     ranks' tensors unchanged."""
-    _check_tensor("tensor", tensor)
-    check_op(op, tensor.dtype)
-    _check_root("dst", dst, dist.get_world_size(group))
-    size = tensor.numel() * tensor.element_size()
-    _run("reduce", algorithm, tensor, op, group, check, dst, size)(
-        tensor, dst, op, group, workspace=workspace
-    )
+
+    def validate() -> tuple[torch.Tensor, int, str, int]:
+        _check_tensor("tensor", tensor)
+        check_op(op, tensor.dtype)
+        _check_root("dst", dst, dist.get_world_size(group))
+        return tensor, tensor.numel() * tensor.element_size(), op, dst
+
+    _prepare("reduce", algorithm, group, check, validate)(tensor, dst, op, group, workspace=workspace)

@@ -92,6 +92,14 @@ def _all_gather_units(flat: torch.Tensor, chunks: list[Span], rank: int, world: 
     return units
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share memory."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def _plan(chunks: list[Span], itemsize: int, segment_bytes: int, group) -> tuple[int, int]:
     """(segments per chunk, receives posted ahead): none ahead on NCCL (see pipeline)."""
     nseg = num_segments(max(b - a for a, b in chunks), itemsize, segment_bytes)
@@ -164,8 +172,20 @@ def reduce_scatter(
     segment_bytes: int = SEGMENT_BYTES,
     workspace: Workspace | None = None,
 ) -> None:
-    """Ring reduce-scatter: rank r's ``output`` gets chunk r of the reduced ``input``."""
-    _reduce_scatter_equal(output.view(-1), input.view(-1), op, group, segment_bytes, workspace)
+    """Ring reduce-scatter: rank r's ``output`` gets chunk r of the reduced ``input``.
+
+    Partial sums pass through the output buffer, so an output that is a view of the input (the
+    in-place form) is computed in scratch and copied at the end.
+    """
+    flat_out, flat_in = output.view(-1), input.view(-1)
+    target = (
+        scratch(workspace, "ring.out", (flat_out.numel(),), flat_out)
+        if _overlap(flat_out, flat_in)
+        else flat_out
+    )
+    _reduce_scatter_equal(target, flat_in, op, group, segment_bytes, workspace)
+    if target is not flat_out:
+        flat_out.copy_(target)
     if op == "avg":
         output.div_(dist.get_world_size(group))
 
