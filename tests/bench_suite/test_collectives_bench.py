@@ -1,7 +1,10 @@
 """pytest-benchmark suite: every collective and algorithm at a few sizes (``make bench``).
 
 Runs are saved (``--benchmark-autosave``) so ``pytest-benchmark compare`` shows regressions
-between commits. Times are rank 0's; barriers run in the untimed setup. With
+between commits. Times are rank 0's; barriers run in the untimed setup. Compare a benchmark with
+itself across commits: rank 0 is the pytest process, which also hosts the launcher's monitor
+thread, and each benchmark runs its rounds back to back, so algorithms are compared with each
+other by ``commbench sweep`` (interleaved, slowest rank), not here. With
 COMMBENCH_BENCH_SMOKE=1 one size and one round run, which ``make test`` does so the suite
 cannot rot.
 """

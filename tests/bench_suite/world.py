@@ -64,6 +64,8 @@ class BenchWorld:
         )
         self.error: BaseException | None = None
         self.i = 0
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # one rank a core, as the launcher sets up the other ranks
         spec = launch.LaunchSpec(world_size=size - 1, timeout_s=120)
 
         def target() -> None:
@@ -93,3 +95,4 @@ class BenchWorld:
         self.store.set(f"cmd/{self.i}", pickle.dumps(None))
         dist.destroy_process_group()
         self.thread.join(timeout=120)
+        torch.set_num_threads(self.threads)
