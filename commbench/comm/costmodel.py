@@ -37,10 +37,6 @@ class Cost:
     steps: int
     critical_bytes: int
 
-    @property
-    def total_sent_bytes(self) -> int:
-        return sum(self.sent_bytes)
-
     def time_s(self, alpha_s: float, beta_s_per_byte: float) -> float:
         """Predicted time under the alpha-beta model."""
         return self.steps * alpha_s + self.critical_bytes * beta_s_per_byte

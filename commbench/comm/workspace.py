@@ -29,10 +29,6 @@ class Workspace:
             self._buffers[key] = buf
         return buf[:numel].view(shape)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
-
 
 def scratch(
     workspace: Workspace | None, name: str, shape: tuple[int, ...], like: torch.Tensor

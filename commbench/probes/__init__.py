@@ -1,1 +1,1 @@
-"""GPU and host telemetry sampled alongside runs (issue: probes)."""
+"""GPU and host telemetry sampled alongside runs (not built yet)."""

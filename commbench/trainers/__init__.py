@@ -1,1 +1,1 @@
-"""Models, data and gradient-sync strategies for the minimal training loop (issue: trainer)."""
+"""Models, data and gradient-sync strategies for the minimal training loop (not built yet)."""
