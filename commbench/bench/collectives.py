@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from commbench import comm
 from commbench.comm import p2p, pipeline, ring
@@ -209,13 +208,12 @@ class SendRecv(_Spec):
         n = b.input.numel()
         nseg = num_segments(n, b.input.element_size(), ring.SEGMENT_BYTES)
         units = [Unit(b.input[a:z], b.output[a:z]) for a, z in split(n, nseg)]
-        ahead = 0 if dist.get_backend(group) == "nccl" else ring.RECV_AHEAD
         pipeline.run(
             units,
             right=(rank + 1) % world,
             left=(rank - 1) % world,
             lag=1,
-            recv_ahead=ahead,
+            recv_ahead=pipeline.receives_ahead(group),
             op="sum",
             group=group,
         )

@@ -22,6 +22,13 @@ import torch.distributed as dist
 from commbench.comm import p2p
 from commbench.kernels import reduce_into
 
+RECV_AHEAD = 64  # receives posted ahead on gloo; a ring's scratch holds this many segments
+
+
+def receives_ahead(group: dist.ProcessGroup | None) -> int:
+    """How many receives to post ahead on ``group``'s backend (0 on NCCL, see above)."""
+    return 0 if dist.get_backend(group) == "nccl" else RECV_AHEAD
+
 
 @dataclass(frozen=True)
 class Unit:

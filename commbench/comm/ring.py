@@ -25,7 +25,6 @@ from commbench.comm.pipeline import Unit
 from commbench.comm.workspace import Workspace, scratch
 
 SEGMENT_BYTES = 2 << 20  # pipeline segment; tuned with commbench sweep (docs/PERFORMANCE.md)
-RECV_AHEAD = 64  # receives posted ahead of the pipeline (gloo); scratch holds this many segments
 
 
 def _seg(flat: torch.Tensor, span: Span, nseg: int, k: int) -> torch.Tensor:
@@ -103,7 +102,7 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _plan(chunks: list[Span], itemsize: int, segment_bytes: int, group) -> tuple[int, int]:
     """(segments per chunk, receives posted ahead): none ahead on NCCL (see pipeline)."""
     nseg = num_segments(max(b - a for a, b in chunks), itemsize, segment_bytes)
-    return nseg, (0 if dist.get_backend(group) == "nccl" else RECV_AHEAD)
+    return nseg, pipeline.receives_ahead(group)
 
 
 def _run(units: list[Unit], rank: int, world: int, nseg: int, ahead: int, op: str, group) -> None:
