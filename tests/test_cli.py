@@ -97,7 +97,9 @@ def test_sweep_writes_table_json_csv_and_plot(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "busbw(GB/s)" in out.stdout and "limit" in out.stdout
     lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
-    header, records = lines[0], lines[1:]
+    header, records = lines[0], [r for r in lines[1:] if r["type"] == "sweep"]
+    (probe,) = [r for r in lines if r["type"] == "probe"]  # the rank-0 sampler's timeline, written last
+    assert lines[-1] is probe and probe["samples"] and probe["nic"] == "lo"
     assert header["type"] == "header" and header["torch"] and "sweep" in header["command"]
     assert len(records) == 3 * 4  # sizes 1K, 8K, 64K x (builtin, ring, auto, limit)
     assert {r["algorithm"] for r in records} == {"builtin", "ring", "auto", "p2p"}
@@ -231,5 +233,6 @@ def test_sendrecv_defaults_to_its_only_algorithm(tmp_path):
         ]
     )
     assert out.returncode == 0, out.stderr
-    records = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()[1:]]
+    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()[1:]]
+    records = [r for r in lines if r["type"] == "sweep"]
     assert [(r["collective"], r["algorithm"], r["wrong"]) for r in records] == [("sendrecv", "p2p", 0)]

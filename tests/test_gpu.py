@@ -84,5 +84,6 @@ def test_cuda_sweep(tmp_path, args):
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    records = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()[1:]]
+    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()[1:]]
+    records = [r for r in lines if r["type"] == "sweep"]
     assert records and all(r["device"] == "cuda" and r["wrong"] == 0 for r in records)

@@ -41,7 +41,8 @@ def test_sweep_under_torchrun(tmp_path):
         timeout=240,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    records = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()[1:]]
+    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()[1:]]
+    records = [r for r in lines if r["type"] == "sweep"]
     assert {r["world_size"] for r in records} == {3}
     assert all(r["wrong"] == 0 for r in records)
     assert out.stdout.count("# commbench sweep:") == 1  # one table, printed by rank 0 only

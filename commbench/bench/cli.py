@@ -94,6 +94,20 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)}")
     p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce")
     p.add_argument("--no-limit", action="store_true", help="skip the send/recv transport-limit series")
+    p.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip the probes: the per-point count of interface bytes and the rank-0 sampler",
+    )
+    p.add_argument(
+        "--probe-interval", type=float, default=0.1, help="sampler interval in seconds (default 0.1)"
+    )
+    p.add_argument(
+        "--probe-iters",
+        type=int,
+        default=3,
+        help="calls per algorithm in each point's counting pass (default 3)",
+    )
     p.add_argument("--json", default=None, help="write JSON Lines here (header, then one record per point)")
     p.add_argument("--csv", default=None, help="write the records as CSV here")
     p.add_argument("--plot", default=None, help="write a busbw-versus-size PNG here")
@@ -129,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
         "results/demo.jsonl and results/demo.png.",
     )
     demo.add_argument("-q", "--quiet", action="store_true", help="no table and no progress bar")
+    from commbench.bench import bandwidth
+
+    bandwidth.add_parser(sub)
     return parser
 
 
@@ -155,6 +172,9 @@ def sweep_config(args: argparse.Namespace) -> Any:
         op=args.op,
         root=args.root,
         limit=not args.no_limit,
+        probe=not args.no_probe,
+        probe_interval_s=args.probe_interval,
+        probe_iters=args.probe_iters,
         json_path=args.json,
         csv_path=args.csv,
         quiet=args.quiet,
@@ -262,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_sweep(sweep_config(args), launch_spec(args), args.plot)
         if args.command == "summary":
             return cmd_summary(args.files)
+        if args.command == "bandwidth":
+            from commbench.bench import bandwidth
+
+            return bandwidth.run(args)
         if args.command == "demo":
             Path("results").mkdir(exist_ok=True)
             demo = build_parser().parse_args(

@@ -40,6 +40,13 @@ class SweepRecord:
     frac_of_limit: float | None
     computed_sent_bytes_per_rank: list[int]
     computed_recv_bytes_per_rank: list[int]
+    # From the counting pass (``--probe``), per iteration; None where not measured.
+    computed_wire_bytes: int | None = None
+    measured_wire_bytes: int | None = None
+    wire_bytes_ratio: float | None = None
+    wire_expected_ratio: float | None = None
+    wire_check: str | None = None
+    hosts: list[dict] | None = None
     type: str = "sweep"
 
 
@@ -72,11 +79,12 @@ class RecordWriter:
             self._json.flush()
 
     def write(self, record: Any) -> None:
-        row = dataclasses.asdict(record)
+        """A typed record goes to JSON and CSV; a plain dict (the probe timeline) to JSON only."""
+        row = record if isinstance(record, dict) else dataclasses.asdict(record)
         if self._json:
             self._json.write(json.dumps(row) + "\n")
             self._json.flush()
-        if self._csv_file:
+        if self._csv_file and not isinstance(record, dict):
             flat = {k: (" ".join(map(str, v)) if isinstance(v, list) else v) for k, v in row.items()}
             if self._csv is None:
                 self._csv = csv.DictWriter(self._csv_file, fieldnames=list(flat))

@@ -45,6 +45,9 @@ class SweepConfig:
     op: str = "sum"
     root: int = 0
     limit: bool = True
+    probe: bool = True
+    probe_iters: int = 3
+    probe_interval_s: float = 0.1
     json_path: str | None = None
     csv_path: str | None = None
     quiet: bool = False
@@ -80,6 +83,10 @@ class SweepConfig:
             raise ValueError(f"iters must be >= 1, got {self.iters}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.probe_iters < 1:
+            raise ValueError(f"probe iterations must be >= 1, got {self.probe_iters}")
+        if not (0.001 <= self.probe_interval_s <= 60):
+            raise ValueError(f"probe interval must be between 0.001 and 60 s, got {self.probe_interval_s}")
         dtype = parse_dtype(self.dtype)
         if SPECS[self.collective].needs_op:
             check_op(self.op, dtype)
@@ -167,6 +174,11 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
     op = config.op if spec.needs_op else None
     all_sizes = sizes(config)
     out: list[SweepRecord] = []
+    counter = None
+    if config.probe and device.type == "cpu":  # NIC counters see gloo's TCP; NCCL's paths are NVML's
+        from commbench.probes.wirecount import WireCounter
+
+        counter = WireCounter(device)
     if rank == 0:
         emit(
             "start",
@@ -220,6 +232,14 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
             w = torch.tensor(local, dtype=torch.int64, device=device if backend == "nccl" else "cpu")
             dist.all_reduce(w)
             wrong = dict(zip(config.series, w.cpu().tolist(), strict=True))
+        counted = (
+            {
+                s: _count_wire(counter, config, s, bufs[s], spec, limit_spec, workspace, size_bytes, count)
+                for s in config.series
+            }
+            if counter is not None
+            else {}
+        )
         # A CUDA-event pair around no GPU work can read 0: floor at 1 ns to keep bandwidths finite.
         st = {s: stats_us([max(t, 1e-9) for t in mat[i].tolist()]) for i, s in enumerate(config.series)}
         busbw = {
@@ -263,11 +283,46 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
                 frac_of_limit=busbw[s] / busbw[LIMIT] if LIMIT in busbw else None,
                 computed_sent_bytes_per_rank=sent,
                 computed_recv_bytes_per_rank=recv,
+                **_wire_fields(counted.get(s)),
             )
             out.append(record)
             if rank == 0:
                 emit("record", record)
     return out
+
+
+def _count_wire(
+    counter, config: SweepConfig, s: str, b, spec, limit_spec, workspace, size_bytes: int, count: int
+):
+    """The counting pass of one series at one size: interface bytes per call beside the model's."""
+    world = dist.get_world_size()
+    sp = limit_spec if s == LIMIT else spec
+    algo = "p2p" if s == LIMIT else s
+    if sp is limit_spec:
+        sent = recv = [size_bytes if world > 1 else 0] * world
+    else:
+        resolved = comm.resolve(config.collective, s, size_bytes, world)
+        c = cost(config.collective, resolved, world, count, size_bytes // count, root=config.root)
+        sent, recv = list(c.sent_bytes), list(c.recv_bytes)
+
+    def once() -> None:
+        b.input.copy_(b.reference)
+        sp.run(b, algo, config.op, config.root, None, workspace)
+
+    return counter.count(once, config.probe_iters, sent, recv, size_bytes)
+
+
+def _wire_fields(counted) -> dict:
+    if counted is None:
+        return {}
+    return {
+        "computed_wire_bytes": counted.computed_wire_bytes,
+        "measured_wire_bytes": counted.measured_wire_bytes,
+        "wire_bytes_ratio": counted.wire_bytes_ratio,
+        "wire_expected_ratio": counted.wire_expected_ratio,
+        "wire_check": counted.wire_check,
+        "hosts": [dataclasses.asdict(h) for h in counted.hosts],
+    }
 
 
 class Rank0Output:
@@ -282,6 +337,11 @@ class Rank0Output:
         self.report = report
         self.bar = None
         self.pending: list[SweepRecord] = []
+        self.probe = None
+        if config.probe:
+            from commbench.bench.probing import RunProbe
+
+            self.probe = RunProbe(config.probe_interval_s)
 
     def __call__(self, kind: str, payload) -> None:
         if kind == "start":
@@ -298,6 +358,8 @@ class Rank0Output:
                     disable=not sys.stderr.isatty(),
                 )
                 print(self.report.table_header(self.config, payload), flush=True)
+                if self.probe is not None:
+                    print(self.probe.describe(), flush=True)
         elif kind == "step":
             if self.bar is not None:
                 self.bar.update(1)
@@ -305,8 +367,16 @@ class Rank0Output:
             self.writer.write(payload)
             self.pending.append(payload)
             if len(self.pending) == len(self.config.series):
+                if self.probe is not None:
+                    self.probe.mark(f"{payload.size_bytes} B")
+                flags = [
+                    f"{r.algorithm}: {r.wire_check}"
+                    for r in self.pending
+                    if r.wire_check and not r.wire_check.startswith("not judged")
+                ]
                 if not self.config.quiet:
                     line = self.report.table_rows(self.pending)
+                    line += "".join(f"\n# wire bytes off: {f}" for f in flags)
                     if self.bar is not None:
                         with self.bar.external_write_mode():
                             print(line, flush=True)
@@ -317,4 +387,13 @@ class Rank0Output:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        self.writer.close()
+        try:
+            if self.probe is not None:
+                from commbench.bench.probing import overhead_line
+
+                record = self.probe.finish()
+                self.writer.write(record)
+                if not self.config.quiet:
+                    print(overhead_line(record), flush=True)
+        finally:
+            self.writer.close()

@@ -1,0 +1,45 @@
+"""The run-wide sampler on rank 0: started with the run, marked at each phase, written at the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from commbench.probes import host
+from commbench.probes.nvml import Nvml
+from commbench.probes.sampler import Sampler
+
+
+class RunProbe:
+    """Rank 0's sampler (host counters on the run's interface, and NVML where there is one)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.nvml, self.nvml_note = Nvml.open_with_reason()
+        self.nic = host.selected_nic()
+        self.sampler = Sampler(interval_s=interval_s, nvml=self.nvml, nic=self.nic).start()
+        self._marks = 0
+
+    def describe(self) -> str:
+        """One line for the table header: what is probed, and what is not and why."""
+        gpu = f"{len(self.nvml.devices)} GPU(s) through NVML" if self.nvml is not None else self.nvml_note
+        return f"# probes: every {self.sampler.interval_s:g} s on {self.nic}; {gpu}"
+
+    def mark(self, label: str) -> None:
+        self._marks += 1
+        self.sampler.mark(f"{self._marks}: {label}")
+
+    def finish(self) -> dict[str, Any]:
+        """Stop sampling; the timeline as a ``probe`` record."""
+        try:
+            timeline = self.sampler.stop()
+        finally:
+            if self.nvml is not None:
+                self.nvml.close()
+        return {"type": "probe", "nvml": self.nvml_note, **timeline.to_json()}
+
+
+def overhead_line(record: dict[str, Any]) -> str:
+    """The sampler's own cost, as printed under a run's table."""
+    return (
+        f"# probe: {len(record['samples'])} samples in {record['wall_s']:.1f} s; the sampler used "
+        f"{100 * record['overhead_core_fraction']:.2f}% of one core"
+    )

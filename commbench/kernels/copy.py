@@ -1,0 +1,138 @@
+"""Copy bandwidth: host memory on CPU; host<->device from pinned and pageable memory and
+device->device on CUDA, timed with CUDA events. GB/s counts each copied byte once (10^9 bytes/s)."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+HOST_TO_HOST = "host->host"
+H2D_PINNED = "host->device pinned"
+H2D_PAGEABLE = "host->device pageable"
+D2H_PINNED = "device->host pinned"
+D2H_PAGEABLE = "device->host pageable"
+DEVICE_TO_DEVICE = "device->device"
+OVER_PCIE = (H2D_PINNED, H2D_PAGEABLE, D2H_PINNED, D2H_PAGEABLE)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CopyResult:
+    """One copy kind: median time of one copy of ``size_bytes``, its GB/s, and the link maximum
+    it is bounded by (None where unknown)."""
+
+    name: str
+    size_bytes: int
+    time_s: float
+    gbps: float
+    limit_gbps: float | None
+
+
+def _check(size_bytes: int, iters: int, warmup: int) -> None:
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes < 1:
+        raise ValueError(f"size_bytes must be a whole number >= 1, got {size_bytes!r}")
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"iters must be >= 1, got {iters!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup!r}")
+
+
+def _result(name: str, size_bytes: int, times: list[float], limit_gbps: float | None) -> CopyResult:
+    t = statistics.median(times)
+    return CopyResult(
+        name=name, size_bytes=size_bytes, time_s=t, gbps=size_bytes / t / 1e9, limit_gbps=limit_gbps
+    )
+
+
+def host_copy(size_bytes: int, *, iters: int = 10, warmup: int = 2) -> CopyResult:
+    """Host memory to host memory with ``Tensor.copy_``, timed on the wall clock."""
+    _check(size_bytes, iters, warmup)
+    src = torch.ones(size_bytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(warmup + iters):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        elapsed = time.perf_counter() - t0
+        if i >= warmup:
+            times.append(max(elapsed, 1e-9))
+    return _result(HOST_TO_HOST, size_bytes, times, None)
+
+
+def _cuda_time(copy: Callable[[], object], iters: int, warmup: int) -> list[float]:
+    """Seconds of each timed call of ``copy``, from CUDA events on the current stream."""
+    for _ in range(warmup):
+        copy()
+    torch.cuda.synchronize()
+    pairs = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        copy()
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize()
+    return [max(s.elapsed_time(e) / 1e3, 1e-9) for s, e in pairs]
+
+
+def cuda_copies(
+    size_bytes: int,
+    *,
+    iters: int = 10,
+    warmup: int = 2,
+    device: torch.device | str | int | None = None,
+    pcie_limit_gbps: float | None = None,
+) -> tuple[CopyResult, ...]:
+    """Host->device and device->host from pinned and pageable memory, and device->device.
+
+    Args:
+        device: the CUDA device (default the current one).
+        pcie_limit_gbps: per-direction PCIe maximum, attached to the four host<->device results.
+    """
+    _check(size_bytes, iters, warmup)
+    if not torch.cuda.is_available():
+        raise ValueError("CUDA copies asked for, but CUDA is not available here")
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    results = []
+    with torch.cuda.device(dev):
+        gpu = torch.ones(size_bytes, dtype=torch.uint8, device=dev)
+        gpu2 = torch.empty_like(gpu)
+        pinned = torch.ones(size_bytes, dtype=torch.uint8).pin_memory()
+        pageable = torch.ones(size_bytes, dtype=torch.uint8)
+        cases: list[tuple[str, Callable[[], object]]] = [
+            (H2D_PINNED, lambda: gpu.copy_(pinned, non_blocking=True)),
+            (H2D_PAGEABLE, lambda: gpu.copy_(pageable)),
+            (D2H_PINNED, lambda: pinned.copy_(gpu, non_blocking=True)),
+            (D2H_PAGEABLE, lambda: pageable.copy_(gpu)),
+            (DEVICE_TO_DEVICE, lambda: gpu2.copy_(gpu)),
+        ]
+        for name, copy in cases:
+            limit = pcie_limit_gbps if name in OVER_PCIE else None
+            results.append(_result(name, size_bytes, _cuda_time(copy, iters, warmup), limit))
+    return tuple(results)
+
+
+def copy_bandwidth(
+    size_bytes: int,
+    device: str | torch.device = "cpu",
+    *,
+    iters: int = 10,
+    warmup: int = 2,
+    pcie_limit_gbps: float | None = None,
+) -> tuple[CopyResult, ...]:
+    """Every copy kind that applies to ``device``: host->host on CPU, the five CUDA copies on CUDA."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return (host_copy(size_bytes, iters=iters, warmup=warmup),)
+    if dev.type == "cuda":
+        return cuda_copies(
+            size_bytes,
+            iters=iters,
+            warmup=warmup,
+            device=dev if dev.index is not None else None,
+            pcie_limit_gbps=pcie_limit_gbps,
+        )
+    raise ValueError(f"copies are measured on cpu or cuda, not {dev.type!r}")

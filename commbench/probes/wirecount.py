@@ -1,0 +1,236 @@
+"""Measured wire bytes per host, beside the cost model's: counted around a sweep point or training steps.
+
+Each rank reads its own host's interface counters (the interface toward the master, or
+``$COMMBENCH_NIC``) around a pass of work, then around two idle intervals of the same length; the
+quieter one is the baseline (heartbeats, the launcher's store). Ranks that share a host (same hostname and network
+namespace) share the interface, so the host's counter is compared with the sum over its ranks:
+on one machine over loopback that is every rank's traffic, counted once; in the emulated cluster
+each host is one rank with its own interface.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from commbench.probes import host, wirecheck
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HostBytes:
+    """One host's bytes per iteration (measured less baseline) beside the computed ones."""
+
+    rank: int
+    ranks: list[int]
+    address: str
+    nic: str
+    tx_bytes: int
+    rx_bytes: int
+    computed_tx_bytes: int
+    computed_rx_bytes: int
+    cpu_user: float
+    cpu_system: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WireCount:
+    """All hosts of one counting pass, and the check of their total."""
+
+    hosts: list[HostBytes]
+    computed_wire_bytes: int
+    measured_wire_bytes: int
+    wire_bytes_ratio: float | None
+    wire_expected_ratio: float
+    wire_check: str | None  # None: within tolerance; else why not (or why not checked)
+
+
+def _node_id() -> str:
+    """Hostname plus network namespace: ranks with the same id see the same interfaces."""
+    try:
+        netns = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        netns = 0
+    return f"{socket.gethostname()}:{netns}"
+
+
+def _address(nic: str) -> str:
+    explicit = os.environ.get("COMMBENCH_HOST_ADDRESS")
+    if explicit:
+        return explicit
+    for a in psutil.net_if_addrs().get(nic, []):
+        if a.family == socket.AF_INET:
+            return a.address
+    return "?"
+
+
+class WireCounter:
+    """Counts interface bytes around passes of a collective; one per sweep or training run."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.nic = host.selected_nic()
+        self.mtu = psutil.net_if_stats()[self.nic].mtu
+        self.loopback = self.nic == "lo" or _address(self.nic).startswith("127.")
+        self.interconnect = "loopback" if self.loopback else "ethernet"
+        me = (_node_id(), self.nic, _address(self.nic))
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, me)
+        self.hosts: list[list[int]] = []
+        self.info: list[tuple[str, str]] = []
+        seen: dict[tuple[str, str], int] = {}
+        for r, (node, nic, address) in enumerate(everyone):
+            if (node, nic) not in seen:
+                seen[(node, nic)] = len(self.hosts)
+                self.hosts.append([])
+                self.info.append((nic, address))
+            self.hosts[seen[(node, nic)]].append(r)
+
+    def _read(self) -> tuple[host.NicCounters, host.CpuTimes]:
+        return host.read_nic(self.nic), host.cpu_times()
+
+    def _idle(self, seconds: float) -> host.NicCounters:
+        dist.barrier()
+        before = host.read_nic(self.nic)
+        time.sleep(seconds)
+        dist.barrier()
+        return host.nic_delta(before, host.read_nic(self.nic))
+
+    def count(
+        self, run: Callable[[], None], iters: int, sent: Sequence[int], recv: Sequence[int], size_bytes: int
+    ) -> WireCount:
+        """Run ``run`` ``iters`` times between two readings, then idle as long; every rank calls this.
+
+        Args:
+            sent, recv: the cost model's bytes per rank for one call.
+            size_bytes: the message size; below 1 MiB the check is reported, not judged.
+        """
+        dist.barrier()
+        nic0, cpu0 = self._read()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            run()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        nic1, cpu1 = self._read()
+        elapsed = time.perf_counter() - t0
+        work = host.nic_delta(nic0, nic1)
+        # Two idle intervals as long as the pass; the quieter one is the baseline, so a burst of
+        # someone else's traffic during one of them is not taken away from the measurement.
+        idle = min((self._idle(elapsed) for _ in range(2)), key=lambda d: d.tx_bytes)
+        local = torch.tensor(
+            [
+                work.tx_bytes,
+                work.rx_bytes,
+                idle.tx_bytes,
+                idle.rx_bytes,
+                cpu1.user_s - cpu0.user_s,
+                cpu1.system_s - cpu0.system_s,
+            ],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        table = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(table, local)
+        rows = [t.cpu().tolist() for t in table]
+        return self.summarise(rows, iters, sent, recv, size_bytes)
+
+    def summarise(
+        self, rows: list[list[float]], iters: int, sent: Sequence[int], recv: Sequence[int], size_bytes: int
+    ) -> WireCount:
+        """Group the ranks' readings (tx, rx, idle tx, idle rx, cpu user, cpu system) by host."""
+        hosts, raw_total, base_total = [], 0, 0
+        for ranks, (nic, address) in zip(self.hosts, self.info, strict=True):
+            first = rows[ranks[0]]  # ranks of one host read the same counter: take the first's
+            tx_raw, rx_raw, tx_base, rx_base = (int(v) for v in first[:4])
+            raw_total += tx_raw
+            base_total += tx_base
+            hosts.append(
+                HostBytes(
+                    rank=ranks[0],
+                    ranks=list(ranks),
+                    address=address,
+                    nic=nic,
+                    tx_bytes=max(0, tx_raw - tx_base) // iters,
+                    rx_bytes=max(0, rx_raw - rx_base) // iters,
+                    computed_tx_bytes=sum(sent[r] for r in ranks),
+                    computed_rx_bytes=sum(recv[r] for r in ranks),
+                    cpu_user=sum(rows[r][4] for r in ranks) / iters,
+                    cpu_system=sum(rows[r][5] for r in ranks) / iters,
+                )
+            )
+        computed = sum(sent)
+        check = wirecheck.compare(computed * iters, raw_total, base_total, self.interconnect, self.mtu)
+        flag = check.flag
+        if size_bytes < wirecheck.MIN_CHECKED_BYTES:
+            flag = "not judged: messages under 1 MiB, where per-message overhead dominates"
+        elif computed == 0:
+            flag = None if check.measured_bytes <= 0 else check.flag
+        return WireCount(
+            hosts=hosts,
+            computed_wire_bytes=computed,
+            measured_wire_bytes=check.measured_bytes // iters,
+            wire_bytes_ratio=check.ratio,
+            wire_expected_ratio=check.expected_ratio,
+            wire_check=flag,
+        )
+
+
+class StepWindows:
+    """Interface bytes of training steps, per strategy. Every rank reads its counters around each
+    step between two barriers (outside the step's timed region): without them, a rank that starts
+    early would have its first sends buffered by TCP before a slower peer opens its window, and
+    bytes would land in the previous strategy's count. The baseline is an idle rate taken once at
+    the start, scaled by the time spent inside the windows."""
+
+    def __init__(self, counter: WireCounter, idle_s: float = 0.5) -> None:
+        self.counter = counter
+        dist.barrier()
+        a = host.read_nic(counter.nic)
+        t0 = time.perf_counter()
+        time.sleep(idle_s)
+        dist.barrier()
+        idle = host.nic_delta(a, host.read_nic(counter.nic))
+        elapsed = time.perf_counter() - t0
+        self.idle_rate = (idle.tx_bytes / elapsed, idle.rx_bytes / elapsed)
+        self.acc: dict[str, list[float]] = {}
+
+    def around(self, key: str, run: Callable[[], None]) -> None:
+        """Run ``run`` and add what the interface counted meanwhile to ``key``'s total."""
+        dist.barrier()
+        nic0, cpu0 = self.counter._read()
+        t0 = time.perf_counter()
+        run()
+        dist.barrier()
+        elapsed = time.perf_counter() - t0
+        nic1, cpu1 = self.counter._read()
+        d = host.nic_delta(nic0, nic1)
+        row = self.acc.setdefault(key, [0.0] * 5)
+        for i, v in enumerate(
+            (d.tx_bytes, d.rx_bytes, elapsed, cpu1.user_s - cpu0.user_s, cpu1.system_s - cpu0.system_s)
+        ):
+            row[i] += v
+
+    def take(
+        self, key: str, steps: int, sent: Sequence[int], recv: Sequence[int], size_bytes: int
+    ) -> WireCount:
+        """``key``'s bytes per step since the last ``take``, grouped by host; every rank calls this."""
+        tx, rx, seconds, user, system = self.acc.pop(key, [0.0] * 5)
+        local = torch.tensor(
+            [tx, rx, self.idle_rate[0] * seconds, self.idle_rate[1] * seconds, user, system],
+            dtype=torch.float64,
+            device=self.counter.device,
+        )
+        table = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(table, local)
+        return self.counter.summarise(
+            [t.cpu().tolist() for t in table], max(steps, 1), sent, recv, size_bytes
+        )

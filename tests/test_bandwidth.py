@@ -1,0 +1,82 @@
+"""``commbench bandwidth`` through the CLI's main: a table on CPU with the limit explained,
+JSON Lines out, one-line errors with exit 2 for bad input; on CUDA the five copies."""
+
+from __future__ import annotations
+
+import pytest
+
+from commbench.bench.bandwidth import BandwidthRecord, expected_gbps, format_table
+from commbench.bench.cli import main
+from commbench.bench.records import read_jsonl
+from commbench.kernels.copy import D2H_PAGEABLE, H2D_PINNED, CopyResult
+
+
+def test_cpu_table_and_json(tmp_path, capsys):
+    out = tmp_path / "bw.jsonl"
+    assert main(["bandwidth", "--size", "256K", "--iters", "2", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "host->host" in text and "measured_GB/s" in text and "limit_GB/s" in text
+    assert "n/a" in text and "limit n/a on CPU" in text
+    header, record = read_jsonl(out)
+    assert header["type"] == "header" and "hostname" in header
+    assert record["type"] == "bandwidth" and record["size_bytes"] == 256 << 10 and record["iters"] == 2
+    assert record["limit_gbps"] is None and record["gbps"] > 0
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["bandwidth", "--size", "12T"], "not a size"),
+        (["bandwidth", "--size", "0"], "at least 1 byte"),
+        (["bandwidth", "--iters", "0"], "--iters"),
+        (["bandwidth", "--device", "tpu"], "invalid choice"),
+        (["bandwidth", "--json", "/nonexistent-dir/bw.jsonl"], "cannot write"),
+        (["bandwidth", "--size", "1000000G"], "do not fit"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message where CUDA is absent")
+def test_cuda_without_cuda_is_bad_input(capsys):
+    assert main(["bandwidth", "--device", "cuda"]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_expected_is_for_pinned_pcie_copies_only():
+    pinned = CopyResult(name=H2D_PINNED, size_bytes=1, time_s=1.0, gbps=1.0, limit_gbps=31.5)
+    pageable = CopyResult(name=D2H_PAGEABLE, size_bytes=1, time_s=1.0, gbps=1.0, limit_gbps=31.5)
+    assert expected_gbps(pinned) == pytest.approx(31.5 * 0.85)
+    assert expected_gbps(pageable) is None
+
+
+def test_table_says_na_for_unknowns():
+    rec = BandwidthRecord(
+        device="cpu",
+        name="host->host",
+        size_bytes=1 << 20,
+        iters=1,
+        time_s=1e-3,
+        gbps=1.048576,
+        expected_gbps=None,
+        limit_gbps=None,
+        limit_source=None,
+    )
+    lines = format_table([rec]).splitlines()
+    assert lines[1].split()[-2:] == ["n/a", "n/a"] and "1.05" in lines[1] and "1M" in lines[1]
+
+
+@pytest.mark.gpu
+def test_cuda_bandwidth_end_to_end(tmp_path, capsys):
+    out = tmp_path / "bw.jsonl"
+    code = main(["bandwidth", "--device", "cuda", "--size", "32M", "--iters", "3", "--json", str(out)])
+    text = capsys.readouterr()
+    assert code == 0, text.err
+    records = [r for r in read_jsonl(out) if r["type"] == "bandwidth"]
+    assert len(records) == 5
+    pinned = next(r for r in records if r["name"] == H2D_PINNED)
+    if pinned["limit_gbps"] is not None:  # NVML present: PCIe gen x width
+        assert "PCIe gen" in pinned["limit_source"] and pinned["gbps"] <= pinned["limit_gbps"] * 1.05

@@ -1,0 +1,74 @@
+"""Copy and compute kernels: on CPU here; the CUDA copies where a GPU is present."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from commbench.kernels import copy as copies
+from commbench.kernels.compute import burn_flops, matmul_plan
+
+
+def test_host_copy_reports_consistent_units():
+    r = copies.host_copy(1 << 20, iters=3, warmup=1)
+    assert r.name == copies.HOST_TO_HOST and r.size_bytes == 1 << 20 and r.limit_gbps is None
+    assert r.time_s > 0 and r.gbps == pytest.approx(r.size_bytes / r.time_s / 1e9)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.gbps = 1.0  # type: ignore[misc]
+
+
+def test_copy_bandwidth_on_cpu_is_one_host_copy():
+    (r,) = copies.copy_bandwidth(4096, "cpu", iters=2, warmup=0)
+    assert r.name == copies.HOST_TO_HOST
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"size_bytes": 0}, "size_bytes"),
+        ({"size_bytes": 8, "iters": 0}, "iters"),
+        ({"size_bytes": 8, "warmup": -1}, "warmup"),
+    ],
+)
+def test_copy_bad_input(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        copies.host_copy(**kwargs)
+
+
+def test_copy_on_an_unknown_device_type():
+    with pytest.raises(ValueError, match="meta"):
+        copies.copy_bandwidth(8, "meta")
+
+
+def test_matmul_plan_matches_the_request():
+    n, reps = matmul_plan(2 * 64**3, "cpu")
+    assert (n, reps) == (64, 1)
+    n, reps = matmul_plan(1e11, "cpu")
+    assert n == 512 and reps * 2 * n**3 == pytest.approx(1e11, rel=0.01)
+    n, reps = matmul_plan(10, "cpu")
+    assert (n, reps) == (8, 1)
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="flops"):
+            matmul_plan(bad, "cpu")
+
+
+def test_burn_flops_on_cpu():
+    seconds, rate = burn_flops(5e8, "cpu")
+    n, reps = matmul_plan(5e8, "cpu")
+    assert seconds > 0 and rate == pytest.approx(reps * 2 * n**3 / seconds)
+    with pytest.raises(ValueError, match="meta"):
+        burn_flops(1e6, "meta")
+
+
+@pytest.mark.gpu
+def test_cuda_copies_and_flops():
+    results = copies.copy_bandwidth(16 << 20, "cuda", iters=3, warmup=1, pcie_limit_gbps=1000.0)
+    names = [r.name for r in results]
+    assert names == [*copies.OVER_PCIE, copies.DEVICE_TO_DEVICE]
+    for r in results:
+        assert r.time_s > 0 and r.gbps > 0
+        assert (r.limit_gbps == 1000.0) == (r.name in copies.OVER_PCIE)
+    seconds, rate = burn_flops(1e10, torch.device("cuda"))
+    assert seconds > 0 and rate > 1e9

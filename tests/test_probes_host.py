@@ -1,0 +1,110 @@
+"""Host probes for real on this machine: loopback counters rise with bytes sent through a local
+socket, loopback and own addresses route to lo, CPU and memory readings are sane."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import psutil
+import pytest
+
+from commbench.probes import host
+
+PAYLOAD = 4 << 20
+
+
+def _send_through_loopback(nbytes: int) -> None:
+    """Send ``nbytes`` over a TCP connection to ourselves on 127.0.0.1 and receive them all."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        got = []
+
+        def receive() -> None:
+            conn, _ = server.accept()
+            with conn:
+                n = 0
+                while n < nbytes:
+                    chunk = conn.recv(1 << 20)
+                    if not chunk:
+                        break
+                    n += len(chunk)
+                got.append(n)
+
+        t = threading.Thread(target=receive, daemon=True)
+        t.start()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+            c.sendall(b"x" * nbytes)
+        t.join(timeout=10)
+        assert got == [nbytes]
+
+
+def test_loopback_counters_rise_by_at_least_what_was_sent():
+    lo = host.nic_for_address("127.0.0.1")
+    before = host.read_nic(lo)
+    _send_through_loopback(PAYLOAD)
+    delta = host.nic_delta(before, host.read_nic(lo))
+    assert delta.tx_bytes >= PAYLOAD and delta.rx_bytes >= PAYLOAD
+    assert delta.tx_packets >= PAYLOAD // 65536
+
+
+def test_loopback_addresses_route_to_lo():
+    assert host.nic_for_address("127.0.0.1") == "lo"
+    assert host.nic_for_address("127.3.2.1") == "lo"
+    assert host.nic_for_address("localhost") == "lo"
+
+
+def test_own_address_routes_to_lo():
+    """Linux delivers traffic to this machine's own addresses over loopback."""
+    own = [
+        a.address
+        for nic, addrs in psutil.net_if_addrs().items()
+        if nic != "lo"
+        for a in addrs
+        if a.family == socket.AF_INET
+    ]
+    if not own:
+        pytest.skip("no IPv4 address besides loopback on this machine")
+    assert host.nic_for_address(own[0]) == "lo"
+
+
+def test_unresolvable_address_falls_back_to_an_existing_interface():
+    nic = host.nic_for_address("no-such-host.invalid")
+    assert nic in psutil.net_io_counters(pernic=True)
+
+
+def test_selected_nic_env_override(monkeypatch):
+    monkeypatch.setenv(host.NIC_ENV, "lo")
+    assert host.selected_nic("10.1.2.3") == "lo"
+    monkeypatch.setenv(host.NIC_ENV, "nope0")
+    with pytest.raises(ValueError, match="nope0"):
+        host.selected_nic()
+    monkeypatch.delenv(host.NIC_ENV)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert host.selected_nic() == "lo"
+
+
+def test_unknown_interface_and_backwards_counters_raise():
+    with pytest.raises(ValueError, match="no network interface"):
+        host.read_nic("nope0")
+    a = host.NicCounters(tx_bytes=10, rx_bytes=10, tx_packets=1, rx_packets=1)
+    b = host.NicCounters(tx_bytes=5, rx_bytes=10, tx_packets=1, rx_packets=1)
+    with pytest.raises(ValueError, match="backwards"):
+        host.nic_delta(a, b)
+
+
+def test_cpu_and_memory_readings():
+    before, m0 = host.cpu_times(), host.machine_cpu()
+    x = 0
+    for i in range(300_000):  # some CPU time in this process
+        x += i * i
+    after, m1 = host.cpu_times(), host.machine_cpu()
+    assert after.user_s + after.system_s >= before.user_s + before.system_s
+    pct = host.process_cpu_percent(before, after, 1.0)
+    assert pct is not None and pct >= 0
+    assert host.process_cpu_percent(before, after, 0.0) is None
+    user, system = host.machine_cpu_percent(m0, m0)
+    assert (user, system) == (None, None)
+    user, system = host.machine_cpu_percent(m0, m1)
+    assert user is None or 0 <= user + system <= 100.0 + 1e-6
+    assert host.rss_bytes() > 1 << 20

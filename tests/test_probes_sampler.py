@@ -1,0 +1,150 @@
+"""The sampler with real psutil (and a fake NVML for GPU columns): ticks on its interval, markers
+carry counters read at that instant, bytes are attributed between markers, its cost is measured."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from commbench.probes.nvml import Nvml
+from commbench.probes.sampler import ESTIMATE_SOURCE, Sampler
+from tests import fake_nvml as fk
+from tests.fake_nvml import FakeDevice, FakeNvmlModule
+from tests.test_probes_host import _send_through_loopback
+
+INTERVAL = 0.02
+
+
+def test_ticks_markers_and_loopback_bytes_between_markers():
+    s = Sampler(INTERVAL, nic="lo").start()
+    time.sleep(0.1)
+    s.mark("start")
+    _send_through_loopback(2 << 20)
+    s.mark("sent")
+    time.sleep(0.1)
+    s.mark("idle")
+    tl = s.stop()
+    assert tl.wall_s >= 0.2
+    assert len(tl.samples) >= 5  # about 10 expected; a loaded machine may skip some
+    ts = [x.t_s for x in tl.samples]
+    assert ts == sorted(ts) and ts[0] >= INTERVAL * 0.9
+    assert len(ts) <= tl.wall_s / INTERVAL + 1  # a fixed grid: never more ticks than intervals
+    assert [m.label for m in tl.markers] == ["start", "sent", "idle"]
+    sent = tl.phase_bytes("start", "sent")
+    assert sent.nic_tx_bytes >= 2 << 20 and sent.nic_rx_bytes >= 2 << 20
+    assert sent.seconds > 0
+    assert tl.phase_bytes("sent", "idle").nic_tx_bytes >= 0  # other tests' traffic may share lo
+    assert max(x.nic_tx_bytes_per_s for x in tl.samples) > 0
+    assert all(x.gpus == () for x in tl.samples)
+    assert 0 <= tl.overhead_core_fraction < 0.5
+    assert tl.sampler_cpu_s > 0
+
+
+def test_summary_and_json_have_nulls_where_not_measured():
+    with Sampler(INTERVAL) as s:
+        time.sleep(0.08)
+        s.mark("a")
+    tl = s.timeline
+    assert tl is not None and tl.markers[0].nic_tx_bytes is None
+    summary = tl.summary()
+    assert summary["nic_tx_bytes_per_s"] is None and summary["gpus"] == []
+    assert summary["rss_bytes"]["max"] > 0 and summary["samples"] == len(tl.samples)
+    doc = json.loads(json.dumps(tl.to_json()))
+    assert doc["overhead_core_fraction"] == tl.overhead_core_fraction
+    assert doc["markers"][0]["label"] == "a" and len(doc["samples"]) == len(tl.samples)
+
+
+def test_gpu_counters_unwrap_across_ticks_and_markers():
+    module = FakeNvmlModule([FakeDevice()])
+    dev = module.devices[0]
+    nvml = Nvml.open(module)
+    value = 0
+    with Sampler(INTERVAL, nvml=nvml) as s:
+        s.mark("a")
+        for _ in range(8):  # 8 x 1e9 bytes: the 32-bit counter wraps about twice
+            value += 1_000_000_000
+            dev.set_field(fk.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, value % (1 << 32))
+            dev.set_field(fk.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, value // 1024)
+            time.sleep(INTERVAL * 1.5)
+        s.mark("b")
+        time.sleep(INTERVAL * 3)
+        s.mark("c")
+    tl = s.timeline
+    phase = tl.phase_bytes("a", "b")
+    (g,) = phase.gpus
+    assert g.pcie_tx_bytes == 8_000_000_000 and g.pcie_rx_bytes == 0 and g.pcie_source == "counter"
+    assert g.nvlink_rx_bytes == (8_000_000_000 // 1024) * 1024 and g.nvlink_tx_bytes == 0
+    (idle,) = tl.phase_bytes("b", "c").gpus  # ticks in between read the counters too, and add nothing
+    assert (idle.pcie_tx_bytes, idle.nvlink_rx_bytes) == (0, 0)
+    rows = [x.gpus[0] for x in tl.samples]
+    assert all(r.power_w == 250.0 and r.pcie_rate_source == "counter" for r in rows)
+    assert max(r.pcie_tx_bytes_per_s for r in rows) > 1e9
+    assert tl.summary()["gpus"][0]["power_w"] == {"mean": 250.0, "max": 250.0}
+    assert tl.notes == ()  # gen5 x16 moves at most 1.3 GB per 20 ms tick: under one 32-bit wrap
+
+
+def test_note_when_a_32_bit_counter_could_wrap_twice_in_a_tick():
+    """63 GB/s (gen5 x16) for 0.1 s is 6.3 GB, more than 2^32: say so with the numbers."""
+    nvml = Nvml.open(FakeNvmlModule([FakeDevice()]))
+    s = Sampler(0.1, nvml=nvml).start()
+    s.mark("a")
+    tl = s.stop()
+    assert any("32-bit" in n and "pcie_tx" in n for n in tl.notes)
+
+
+def test_unsupported_gpu_fields_are_none_and_pcie_falls_back_to_estimate():
+    dev = FakeDevice(power_mw="unsupported")
+    dev.fields[fk.NVML_FI_DEV_PCIE_COUNT_TX_BYTES] = fk.NVML_ERROR_NOT_SUPPORTED
+    dev.fields[fk.NVML_FI_DEV_PCIE_COUNT_RX_BYTES] = fk.NVML_ERROR_NOT_SUPPORTED
+    nvml = Nvml.open(FakeNvmlModule([dev]))
+    with Sampler(INTERVAL, nvml=nvml) as s:
+        time.sleep(0.01)
+        s.mark("a")
+        time.sleep(INTERVAL * 4)
+        s.mark("b")
+    tl = s.timeline
+    rows = [x.gpus[0] for x in tl.samples]
+    assert rows and all(r.power_w is None and r.pcie_rate_source == ESTIMATE_SOURCE for r in rows)
+    assert rows[0].pcie_tx_bytes_per_s == 1000 * 1024
+    (g,) = tl.phase_bytes("a", "b").gpus
+    assert g.pcie_source == ESTIMATE_SOURCE and g.pcie_tx_bytes == pytest.approx(
+        1000 * 1024 * tl.phase_bytes("a", "b").seconds
+    )
+    assert tl.summary()["gpus"][0]["power_w"] is None
+
+
+def test_misuse_raises():
+    with pytest.raises(ValueError, match="interval_s"):
+        Sampler(0)
+    with pytest.raises(ValueError, match="no network interface"):
+        Sampler(nic="nope0")
+    s = Sampler(INTERVAL)
+    with pytest.raises(RuntimeError):
+        s.mark("early")
+    with pytest.raises(RuntimeError):
+        s.stop()
+    s.start()
+    s.mark("x")
+    with pytest.raises(ValueError, match="unique"):
+        s.mark("x")
+    tl = s.stop()
+    with pytest.raises(KeyError, match="nope"):
+        tl.phase_bytes("x", "nope")
+    with pytest.raises(RuntimeError):
+        s.start()
+
+
+def test_thread_error_is_reported_by_stop():
+    module = FakeNvmlModule()
+    nvml = Nvml.open(module)
+
+    def boom(index: int) -> None:
+        raise OSError("device fell off the bus")
+
+    nvml.read = boom  # type: ignore[method-assign]
+    s = Sampler(INTERVAL, nvml=nvml).start()
+    time.sleep(INTERVAL * 3)
+    with pytest.raises(RuntimeError, match="fell off the bus"):
+        s.stop()

@@ -1,0 +1,126 @@
+"""Wire-byte arithmetic and link maxima: TCP framing overhead, tolerances per interconnect, ratios
+with zero and impossible inputs, PCIe/NVLink ceilings and ImpossibleReading."""
+
+from __future__ import annotations
+
+import pytest
+
+from commbench.probes.links import ImpossibleReading, check_rate, nvlink_max_gbps, pcie_max_gbps
+from commbench.probes.wirecheck import TOLERANCES, compare, expected_overhead, expected_ratio
+
+MIB = 1 << 20
+
+
+def test_expected_overhead_closed_form():
+    assert expected_overhead(1500) == pytest.approx(1514 / 1448)
+    assert expected_overhead(1500) == pytest.approx(1.05, abs=0.005)
+    assert expected_overhead(65536) == pytest.approx(65550 / 65484)
+    assert expected_overhead(65536) == pytest.approx(1.001, abs=0.0005)
+    assert expected_overhead(9000) < expected_overhead(1500)
+    for bad in (52, 0, -1, 1500.0, True):
+        with pytest.raises(ValueError, match="MTU"):
+            expected_overhead(bad)
+
+
+def test_every_interconnect_has_a_tolerance_and_a_reason():
+    assert set(TOLERANCES) == {"loopback", "ethernet", "pcie", "nvlink"}
+    assert TOLERANCES["loopback"].relative == 0.02
+    assert TOLERANCES["ethernet"].relative > TOLERANCES["loopback"].relative
+    assert min(TOLERANCES["pcie"].relative, TOLERANCES["nvlink"].relative) > TOLERANCES["ethernet"].relative
+    assert all(len(t.reason) > 40 for t in TOLERANCES.values())
+
+
+def test_loopback_within_and_outside_two_percent():
+    computed = 64 * MIB
+    framed = round(computed * expected_overhead(65536))
+    ok = compare(computed, framed + 5000, 5000, "loopback")
+    assert ok.measured_bytes == framed and ok.ratio == pytest.approx(ok.expected_ratio, rel=1e-6)
+    assert ok.within_tolerance and ok.flag is None
+    edge = compare(computed, round(framed * 1.019), 0, "loopback")
+    assert edge.within_tolerance
+    off = compare(computed, round(framed * 1.03), 0, "loopback")
+    assert not off.within_tolerance and "loopback" in off.flag and "1 MiB" not in off.flag
+    low = compare(computed, round(framed * 0.97), 0, "loopback")
+    assert not low.within_tolerance
+
+
+def test_ethernet_uses_the_mtu_and_allows_for_acks():
+    computed = 100 * MIB
+    with_acks = round(computed * expected_overhead(1500) * 1.023)
+    assert compare(computed, with_acks, 0, "ethernet", mtu=1500).within_tolerance
+    jumbo = compare(computed, with_acks, 0, "ethernet", mtu=9000)
+    assert jumbo.expected_ratio == pytest.approx(expected_overhead(9000))
+
+
+def test_gpu_links_expect_payload_and_refuse_an_mtu():
+    assert expected_ratio("nvlink") == expected_ratio("pcie") == 1.0
+    assert compare(10 * MIB, round(10 * MIB * 1.067), 0, "nvlink").within_tolerance  # LL128 flags
+    assert not compare(10 * MIB, 20 * MIB, 0, "nvlink").within_tolerance  # LL's 2x is not explained
+    with pytest.raises(ValueError, match="MTU"):
+        compare(MIB, MIB, 0, "pcie", mtu=1500)
+
+
+def test_zero_computed_has_no_ratio():
+    quiet = compare(0, 100, 100, "loopback")
+    assert quiet.ratio is None and quiet.within_tolerance and quiet.flag is None
+    noisy = compare(0, 5000, 100, "loopback")
+    assert noisy.ratio is None and not noisy.within_tolerance and "nothing computed" in noisy.flag
+
+
+def test_measured_below_baseline_is_flagged_impossible():
+    c = compare(MIB, 100, 5000, "ethernet")
+    assert c.measured_bytes == -4900 and c.ratio is None
+    assert not c.within_tolerance and "impossible" in c.flag
+
+
+def test_small_transfers_say_why_they_may_miss():
+    c = compare(4096, 4096 * 2, 0, "loopback")
+    assert not c.within_tolerance and "below 1 MiB" in c.flag
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        ((-1, 0, 0, "loopback"), "computed_bytes"),
+        ((1, -1, 0, "loopback"), "measured_bytes"),
+        ((1, 1, -1, "loopback"), "baseline_bytes"),
+        ((1.5, 1, 0, "loopback"), "computed_bytes"),
+        ((1, 1, 0, "infiniband"), "unknown interconnect"),
+    ],
+)
+def test_bad_inputs_raise(args, needle):
+    with pytest.raises(ValueError, match=needle):
+        compare(*args)
+
+
+def test_pcie_maxima():
+    assert pcie_max_gbps(3, 16) == pytest.approx(15.76)
+    assert pcie_max_gbps(4, 16) == pytest.approx(31.504)
+    assert pcie_max_gbps(5, 16) == pytest.approx(63.008)
+    assert pcie_max_gbps(1, 1) == 0.25 and pcie_max_gbps(6, 1) == 7.563
+    with pytest.raises(ValueError, match="generation"):
+        pcie_max_gbps(7, 16)
+    with pytest.raises(ValueError, match="width"):
+        pcie_max_gbps(4, 3)
+
+
+def test_nvlink_maxima():
+    assert nvlink_max_gbps(18, 4) == 450.0  # H100 SXM: 18 links x 25 GB/s a direction
+    assert nvlink_max_gbps(12, 3) == 300.0  # A100
+    assert nvlink_max_gbps(4, 25.0) == 100.0  # per-link rate given directly
+    for bad in ((0, 4), (18, 9), (18, -1.0), (18, True), (2.5, 4)):
+        with pytest.raises(ValueError):
+            nvlink_max_gbps(*bad)
+
+
+def test_check_rate():
+    assert check_rate(31.5e9, 1.0, pcie_max_gbps(4, 16)) == pytest.approx(31.5)
+    assert check_rate(32.5e9, 1.0, pcie_max_gbps(4, 16)) == pytest.approx(32.5)  # within the 5% margin
+    with pytest.raises(ImpossibleReading, match="exceeds"):
+        check_rate(40e9, 1.0, pcie_max_gbps(4, 16), what="host->device")
+    with pytest.raises(ImpossibleReading):
+        check_rate(-1, 1.0, None)
+    assert check_rate(1e12, 1.0, None) == 1000.0  # no known ceiling: no check
+    with pytest.raises(ValueError, match="seconds"):
+        check_rate(1, 0.0, 10.0)
+    assert issubclass(ImpossibleReading, RuntimeError) and not issubclass(ImpossibleReading, ValueError)
