@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     from commbench.bench import bandwidth
 
     bandwidth.add_parser(sub)
+    from commbench.bench import train
+
+    train.add_parsers(sub, _add_launch_args)
     return parser
 
 
@@ -286,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
             from commbench.bench import bandwidth
 
             return bandwidth.run(args)
+        if args.command in ("train", "compare"):
+            from commbench.bench import train
+
+            config = train.train_config(args)
+            if args.world_size is None and set(config.strategies) <= set(train.SINGLE_PROCESS):
+                args.world_size = 1  # none, dp and vanilla-dp run in one process
+            return train.cmd_train(config, launch_spec(args))
         if args.command == "demo":
             Path("results").mkdir(exist_ok=True)
             demo = build_parser().parse_args(

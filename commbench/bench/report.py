@@ -101,3 +101,60 @@ def ratio_table(records: Sequence[dict[str, Any]]) -> str:
 
 def _cell(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
+
+
+BREAKDOWN = (
+    ("data_ms", "data"),
+    ("forward_ms", "forward"),
+    ("backward_ms", "backward"),
+    ("exposed_comm_ms", "exposed comm"),
+    ("optimizer_ms", "optimizer"),
+)
+
+
+def plot_training(
+    epochs: Sequence[dict[str, Any]], summaries: Sequence[dict[str, Any]], breakdown_path: Any, loss_path: Any
+) -> None:
+    """Two PNGs: the stacked step-time breakdown per strategy, and the loss curve of each strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = [s["strategy"] for s in summaries]
+    bottom = [0.0] * len(summaries)
+    for key, label in BREAKDOWN:
+        values = [s[key] for s in summaries]
+        ax.bar(names, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    hidden = [s["comm_ms"] - s["exposed_comm_ms"] for s in summaries]
+    ax.scatter(
+        names,
+        [max(h, 0.0) for h in hidden],
+        marker="_",
+        s=400,
+        color="k",
+        zorder=3,
+        label="comm hidden behind backward",
+    )
+    first = summaries[0]
+    ax.set_ylabel("median time per step (ms)")
+    ax.set_title(
+        f"{first['model']}, {first['world_size']} ranks, {first['backend']}, batch {first['batch_size']}/rank"
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(breakdown_path, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name in names:
+        losses = [v for e in epochs if e["strategy"] == name for v in e["step_losses"]]
+        ax.plot(range(1, len(losses) + 1), losses, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (mean over ranks)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(loss_path, dpi=120)
+    plt.close(fig)

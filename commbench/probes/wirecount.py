@@ -2,10 +2,10 @@
 
 Each rank reads its own host's interface counters (the interface toward the master, or
 ``$COMMBENCH_NIC``) around a pass of work, then around two idle intervals of the same length; the
-quieter one is the baseline (heartbeats, the launcher's store). Ranks that share a host (same hostname and network
-namespace) share the interface, so the host's counter is compared with the sum over its ranks:
-on one machine over loopback that is every rank's traffic, counted once; in the emulated cluster
-each host is one rank with its own interface.
+quieter one is the baseline (heartbeats, the launcher's store). Ranks that share a host (same
+hostname and network namespace) share the interface, so the host's counter is compared with the sum
+over its ranks: on one machine over loopback that is every rank's traffic, counted once; in the
+emulated cluster each host is one rank with its own interface.
 """
 
 from __future__ import annotations

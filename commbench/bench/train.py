@@ -1,0 +1,271 @@
+"""``commbench train`` and ``commbench compare``: run gradient-sync strategies and report them.
+
+The loop lives in ``commbench.trainers.loop``; this module turns arguments into a ``TrainConfig``,
+starts the ranks, and on rank 0 writes records, prints the table and draws the plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+from commbench.trainers.sync import SINGLE_PROCESS, STRATEGIES, TRANSPORTS
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    from commbench.trainers.data import DATASETS
+    from commbench.trainers.models import MODELS
+
+    p.add_argument("--model", default="mlp", help=f"one of {', '.join(MODELS)} (default mlp)")
+    p.add_argument(
+        "--model-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option for the model, repeatable (e.g. widths=2048,2048; hidden=1024; image_size=64)",
+    )
+    p.add_argument("--dataset", default="synthetic", help=f"one of {', '.join(DATASETS)} (default synthetic)")
+    p.add_argument("--data-dir", default=None, help="directory holding mnist/cifar10 in torchvision's layout")
+    p.add_argument(
+        "--replicate", type=int, default=1, help="repeat the training set this many times (1, 4, 8)"
+    )
+    p.add_argument("--samples", type=int, default=None, help="size of the synthetic training set")
+    p.add_argument("--epochs", type=int, default=1, help="epochs (default 1)")
+    p.add_argument("--steps-per-epoch", type=int, default=None, help="bound each epoch to this many steps")
+    p.add_argument(
+        "--batch-size", type=int, default=64, help="per-rank batch (default 64; 0 = largest that fits, CUDA)"
+    )
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    p.add_argument(
+        "--lr-scaling",
+        choices=("none", "linear"),
+        default="none",
+        help="linear: lr x global batch / --reference-batch (default: the per-rank batch)",
+    )
+    p.add_argument("--reference-batch", type=int, default=None, help="batch the given --lr was tuned for")
+    p.add_argument("--seed", type=int, default=0, help="seed of model and data (default 0)")
+    p.add_argument("--loss-threshold", type=float, default=None, help="report epochs and time to this loss")
+    p.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default="backend",
+        help="bucketed: the backend's async allreduce or the hand-written ring on its own thread",
+    )
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="bucket cap in MiB (default 25, as DDP)")
+    p.add_argument("--first-bucket-mb", type=float, default=1.0, help="first bucket's cap in MiB (default 1)")
+    p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation after each epoch")
+    p.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip the probes: interface bytes around each step and the rank-0 sampler",
+    )
+    p.add_argument(
+        "--probe-interval", type=float, default=0.1, help="sampler interval in seconds (default 0.1)"
+    )
+    p.add_argument("--json", default=None, help="write JSON Lines here (header, epochs, summaries)")
+    p.add_argument("--plot", default=None, help="write the time-breakdown PNG here (loss curves beside it)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no table and no progress bar")
+
+
+def add_parsers(sub: Any, add_launch_args: Any) -> None:
+    """Register ``train`` and ``compare`` on the CLI's subparsers."""
+    train = sub.add_parser(
+        "train",
+        help="train with one gradient-sync strategy, timed phase by phase",
+        description="Train a model with one gradient-sync strategy; per step it times data, forward, "
+        "backward, exposed communication and the optimizer, and per epoch loss and accuracy.",
+    )
+    train.add_argument("--strategy", default="ddp", help=f"one of {', '.join(STRATEGIES)} (default ddp)")
+    _add_common(train)
+    add_launch_args(train)
+    compare = sub.add_parser(
+        "compare",
+        help="several gradient-sync strategies side by side, same seed, data and model",
+        description="Train with several strategies in one run, their steps interleaved so each sees "
+        "the same batches and machine conditions; prints the step-time breakdown, hidden communication, "
+        "computed bytes and each strategy's step time relative to ddp.",
+    )
+    compare.add_argument(
+        "--strategies",
+        default="naive,ring,bucketed,ddp",
+        help="comma-separated (default naive,ring,bucketed,ddp)",
+    )
+    _add_common(compare)
+    add_launch_args(compare)
+
+
+def train_config(args: argparse.Namespace) -> Any:
+    from commbench.trainers.loop import TrainConfig
+    from commbench.trainers.models import parse_model_options
+
+    text = args.strategy if args.command == "train" else args.strategies
+    return TrainConfig(
+        strategies=tuple(s.strip() for s in text.split(",") if s.strip()),
+        model=args.model,
+        model_options=tuple(parse_model_options(args.model_opt).items()),
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        replicate=args.replicate,
+        samples=args.samples,
+        epochs=args.epochs,
+        steps_per_epoch=args.steps_per_epoch,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        momentum=args.momentum,
+        lr_scaling=args.lr_scaling,
+        reference_batch=args.reference_batch,
+        seed=args.seed,
+        loss_threshold=args.loss_threshold,
+        transport=args.transport,
+        bucket_cap_mb=args.bucket_cap_mb,
+        first_bucket_mb=args.first_bucket_mb,
+        evaluate=not args.no_eval,
+        probe=not args.no_probe,
+        probe_interval_s=args.probe_interval,
+        json_path=args.json,
+        plot_path=args.plot,
+        quiet=args.quiet,
+    )
+
+
+def _fmt(x: float | None, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if x is None else f"{x:{width}{spec}}"
+
+
+def _pct(x: float | None, width: int, digits: int = 0) -> str:
+    return f"{'-':>{width}}" if x is None else f"{100 * x:{width - 1}.{digits}f}%"
+
+
+def summary_table(summaries: list[dict[str, Any]]) -> str:
+    """The compare table: one row per strategy."""
+    head = (
+        f"{'strategy':>10} {'step ms':>8} {'data':>6} {'fwd':>7} {'bwd':>7} {'exp.comm':>8} {'opt':>6} "
+        f"{'comm ms':>8} {'hidden':>6} {'img/s':>8} {'loss':>7} {'acc':>6} {'grad MB/ep':>10} "
+        f"{'wire MB/rank/ep':>15} {'x ddp':>6}"
+    )
+    lines = [head]
+    for s in summaries:
+        wire = s["wire_bytes_per_rank_per_epoch"]
+        hidden = s["hidden_comm_fraction"]
+        lines.append(
+            f"{s['strategy']:>10} {s['step_time_ms']:8.2f} {s['data_ms']:6.2f} {s['forward_ms']:7.2f} "
+            f"{s['backward_ms']:7.2f} {s['exposed_comm_ms']:8.2f} {s['optimizer_ms']:6.2f} "
+            f"{s['comm_ms']:8.2f} {_pct(hidden, 6)} "
+            f"{s['images_per_s']:8.0f} {s['final_loss']:7.3f} "
+            f"{_pct(s['final_accuracy'], 6, 1)} "
+            f"{s['grad_bytes_per_epoch'] / 1e6:10.1f} "
+            f"{_fmt(None if wire is None else max(wire) / 1e6, '.1f', 15)} "
+            f"{_fmt(s['step_time_ratio_to_ddp'], '.2f', 6)}"
+        )
+    return "\n".join(lines)
+
+
+def _title(config: Any, first: dict[str, Any]) -> str:
+    return (
+        f"# commbench compare: {config.model} ({first['trainable_params']:,} trainable parameters) on "
+        f"{config.dataset}, {first['world_size']} ranks, backend {first['backend']}, "
+        f"device {first['device']}, "
+        f"batch {first['batch_size']}/rank\n"
+        "# ms = median over timed steps (later epochs; with one epoch all but the first step) of the ranks' "
+        "mean;\n# bwd = backward until the last gradient; exp.comm = from then until gradients are synced; "
+        "hidden = share of comm time overlapping backward; MB = 1e6 B"
+    )
+
+
+def _train_rank(config: Any, device: str) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    from commbench.bench.machine import machine_info
+    from commbench.bench.records import RecordWriter
+    from commbench.trainers.loop import run_rank
+
+    rank0 = dist.get_rank() == 0
+    writer = RecordWriter(config.json_path if rank0 else None, None)
+    bar = None
+    probe = None
+    probe_record = None
+    try:
+        if rank0:
+            info = machine_info(dist.get_backend())
+            writer.header({**info, "config": dataclasses.asdict(config)})
+            if config.probe:
+                from commbench.bench.probing import RunProbe
+
+                probe = RunProbe(config.probe_interval_s)
+            if not config.quiet:
+                from tqdm import tqdm
+
+                bar = tqdm(
+                    file=sys.stderr, unit="step", leave=False, delay=2.0, disable=not sys.stderr.isatty()
+                )
+        dev = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        epochs: list[Any] = []
+
+        def emit(record: Any) -> None:
+            if rank0:
+                writer.write(record)
+                epochs.append(dataclasses.asdict(record))
+                if probe is not None:
+                    probe.mark(f"{record.strategy} epoch {record.epoch}")
+
+        summaries = run_rank(config, dev, emit, bar)
+        for s in summaries:
+            writer.write(s)
+    finally:
+        if bar is not None:
+            bar.close()
+        try:
+            if probe is not None:
+                probe_record = probe.finish()
+                writer.write(probe_record)
+        finally:
+            writer.close()
+    rows = [dataclasses.asdict(s) for s in summaries]
+    if rank0 and not config.quiet:
+        from commbench.bench.probing import overhead_line
+
+        print(_title(config, rows[0]))
+        if probe is not None:
+            print(probe.describe())
+        print(summary_table(rows), flush=True)
+        flags = [f"{e['strategy']} epoch {e['epoch']}: {e['wire_check']}" for e in epochs if e["wire_check"]]
+        print("".join(f"# wire bytes off: {f}\n" for f in flags), end="")
+        if probe_record is not None:
+            print(overhead_line(probe_record), flush=True)
+    if rank0 and config.plot_path:
+        from commbench.bench.report import plot_training
+
+        plot_training(epochs, rows, *plot_paths(config.plot_path))
+    return rows
+
+
+def cmd_train(config: Any, spec: Any) -> int:
+    from commbench.bench import launch
+    from commbench.bench.records import check_writable
+    from commbench.trainers.sync import CUDA_ONLY
+
+    for s in config.strategies:
+        if s in SINGLE_PROCESS and spec.world_size > 1:
+            raise ValueError(f"strategy {s} runs in one process: use --world-size 1")
+        if s in CUDA_ONLY and spec.device != "cuda":
+            raise ValueError(f"strategy {s} needs --device cuda")
+    for path in (config.json_path, config.plot_path):
+        if path:
+            check_writable(path)
+    if config.dataset != "synthetic":  # a missing or malformed file is reported once, before launching
+        from commbench.trainers.data import build_dataset
+
+        build_dataset(config.dataset, train=True, data_dir=config.data_dir)
+    launch.run(_train_rank, (config, spec.device), spec)
+    return 0
+
+
+def plot_paths(plot_path: str) -> tuple[Path, Path]:
+    """The breakdown PNG and, beside it, the loss-curve PNG."""
+    p = Path(plot_path)
+    return p, p.with_name(f"{p.stem}-loss{p.suffix or '.png'}")

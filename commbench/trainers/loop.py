@@ -1,0 +1,651 @@
+"""The training loop: data, forward, loss, backward, gradient sync, optimizer step, timed.
+
+``Trainer`` is one strategy's model, optimizer and sync; ``Trainer.step`` is the textbook step
+with a stamp between phases. ``run_rank`` drives one or several trainers from the same batches:
+with several (``commbench compare``) their steps are interleaved, step by step, so every
+strategy sees the same data and the same machine conditions. Each trainer keeps its own random
+state, so interleaving changes nothing in what it computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+from commbench.comm.costmodel import cost
+from commbench.trainers import sync as sync_mod
+from commbench.trainers.bucketing import MiB, assign_buckets, grad_bytes_per_epoch, syncs_per_epoch
+from commbench.trainers.timing import Clock, overlap_length, union_length
+
+LR_SCALINGS = ("none", "linear")
+PHASES = ("data", "forward", "backward", "exposed_comm", "optimizer", "step", "comm", "hidden_comm")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One training run (``train``) or several strategies side by side (``compare``)."""
+
+    strategies: tuple[str, ...] = ("ddp",)
+    model: str = "mlp"
+    model_options: tuple[tuple[str, Any], ...] = ()
+    dataset: str = "synthetic"
+    data_dir: str | None = None
+    replicate: int = 1
+    samples: int | None = None
+    epochs: int = 1
+    steps_per_epoch: int | None = None
+    batch_size: int = 64
+    lr: float = 0.01
+    momentum: float = 0.9
+    lr_scaling: str = "none"
+    reference_batch: int | None = None
+    seed: int = 0
+    loss_threshold: float | None = None
+    transport: str = "backend"
+    bucket_cap_mb: float = 25.0
+    first_bucket_mb: float = 1.0
+    evaluate: bool = True
+    probe: bool = True
+    probe_interval_s: float = 0.1
+    json_path: str | None = None
+    plot_path: str | None = None
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        from commbench.trainers.data import DATASETS
+        from commbench.trainers.models import MODELS, check_model_options
+
+        if not self.strategies:
+            raise ValueError("no strategies given")
+        for s in self.strategies:
+            if s not in sync_mod.STRATEGIES:
+                raise ValueError(f"unknown strategy {s!r}; choose from {', '.join(sync_mod.STRATEGIES)}")
+        if len(set(self.strategies)) != len(self.strategies):
+            raise ValueError(f"strategy listed twice in {','.join(self.strategies)}")
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; choose from {', '.join(MODELS)}")
+        check_model_options(self.model, **dict(self.model_options))
+        if self.dataset not in DATASETS:
+            raise ValueError(f"unknown dataset {self.dataset!r}; choose from {', '.join(DATASETS)}")
+        if self.dataset != "synthetic" and not self.data_dir:
+            raise ValueError(f"dataset {self.dataset} is read from disk: give --data-dir")
+        for name in ("replicate", "epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size < 0:
+            raise ValueError(f"batch size must be >= 1 (or 0 to search the largest), got {self.batch_size}")
+        for name in ("steps_per_epoch", "samples", "reference_batch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name.replace('_', ' ')} must be >= 1, got {value}")
+        for name in ("lr", "bucket_cap_mb", "first_bucket_mb"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name.replace('_', ' ')} must be a finite number > 0, got {value}")
+        if not (0 <= self.momentum < 1):
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.lr_scaling not in LR_SCALINGS:
+            raise ValueError(f"unknown lr scaling {self.lr_scaling!r}; choose from {', '.join(LR_SCALINGS)}")
+        if self.transport not in sync_mod.TRANSPORTS:
+            raise ValueError(
+                f"unknown transport {self.transport!r}; choose from {', '.join(sync_mod.TRANSPORTS)}"
+            )
+        if self.loss_threshold is not None and not math.isfinite(self.loss_threshold):
+            raise ValueError(f"loss threshold must be finite, got {self.loss_threshold}")
+
+    def input_shape(self) -> tuple[int, ...]:
+        """(C, H, W) of the images: the dataset's own, or for synthetic data the model's
+        ``input_shape`` option or default."""
+        from commbench.trainers.data import data_shape
+        from commbench.trainers.models import default_input_shape
+
+        requested = dict(self.model_options).get("input_shape", default_input_shape(self.model))
+        return tuple(data_shape(self.dataset, requested))
+
+    def effective_lr(self, batch_size: int, world_size: int) -> float:
+        """The learning rate after scaling with the global batch (linear rule) if asked for."""
+        if self.lr_scaling == "none":
+            return self.lr
+        reference = self.reference_batch or batch_size
+        return self.lr * batch_size * world_size / reference
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EpochRecord:
+    """One strategy's epoch. Times are medians over the epoch's steps of the ranks' mean."""
+
+    strategy: str
+    world_size: int
+    epoch: int
+    first_epoch: bool
+    steps: int
+    samples: int
+    time_s: float
+    cumulative_time_s: float
+    images_per_s: float
+    loss: float
+    eval_loss: float | None
+    accuracy: float | None
+    step_time_ms: float
+    data_ms: float
+    forward_ms: float
+    backward_ms: float
+    exposed_comm_ms: float
+    optimizer_ms: float
+    comm_ms: float
+    hidden_comm_fraction: float | None
+    step_losses: list[float]
+    # Interface bytes per step counted around this strategy's steps (``--probe``); None if not measured.
+    computed_wire_bytes: int | None = None
+    measured_wire_bytes: int | None = None
+    wire_bytes_ratio: float | None = None
+    wire_expected_ratio: float | None = None
+    wire_check: str | None = None
+    hosts: list[dict] | None = None
+    type: str = "epoch"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSummary:
+    """One strategy over the whole run; the headline numbers of ``commbench compare``."""
+
+    strategy: str
+    world_size: int
+    backend: str
+    device: str
+    model: str
+    dataset: str
+    batch_size: int
+    global_batch: int
+    lr: float
+    transport: str | None
+    epochs: int
+    steps_timed: int
+    step_time_ms: float
+    data_ms: float
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    compute_ms: float
+    comm_ms: float
+    exposed_comm_ms: float
+    hidden_comm_fraction: float | None
+    images_per_s: float
+    first_epoch_time_s: float
+    later_epoch_time_s: float | None
+    final_loss: float
+    final_accuracy: float | None
+    loss_threshold: float | None
+    epochs_to_threshold: int | None
+    time_to_threshold_s: float | None
+    trainable_params: int
+    buckets: int | None
+    syncs_per_epoch: int
+    grad_bytes_per_epoch: int
+    wire_bytes_per_rank_per_epoch: list[int] | None
+    step_time_ratio_to_ddp: float | None
+    type: str = "train_summary"
+
+
+def wire_bytes_per_sync(
+    strategy: str, world: int, numels: Sequence[int], itemsize: int, config: TrainConfig
+) -> tuple[list[int], list[int]] | None:
+    """Each rank's (sent, received) bytes per sync for ``strategy``, from the cost model; None where
+    the strategy's traffic is not modelled (dp and vanilla-dp move data over the local bus)."""
+    total = sum(numels)
+    if strategy in ("naive", "ring"):
+        c = cost("all_reduce", strategy, world, total, itemsize)
+        return list(c.sent_bytes), list(c.recv_bytes)
+    if strategy in ("bucketed", "ddp"):
+        algorithm = "ring" if strategy == "bucketed" and config.transport == "ring" else "builtin"
+        sent, recv = [0] * world, [0] * world
+        buckets = assign_buckets(
+            numels, itemsize, int(config.bucket_cap_mb * MiB), int(config.first_bucket_mb * MiB)
+        )
+        for b in buckets:
+            c = cost("all_reduce", algorithm, world, b.numel, itemsize)
+            sent = [x + y for x, y in zip(sent, c.sent_bytes, strict=True)]
+            recv = [x + y for x, y in zip(recv, c.recv_bytes, strict=True)]
+        return sent, recv
+    if strategy == "none":
+        return [0] * world, [0] * world
+    return None
+
+
+def computed_wire_bytes(
+    strategy: str, world: int, numels: Sequence[int], itemsize: int, config: TrainConfig
+) -> list[int] | None:
+    """Each rank's bytes sent per sync for ``strategy`` (None: not modelled)."""
+    both = wire_bytes_per_sync(strategy, world, numels, itemsize, config)
+    return None if both is None else both[0]
+
+
+class Trainer:
+    """One strategy: model, optimizer, loss and gradient sync, stepping on batches it is given."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        strategy: str,
+        input_shape: tuple[int, ...],
+        device: torch.device,
+        batch_size: int,
+    ) -> None:
+        from commbench.trainers.models import build_model
+
+        self.strategy, self.device, self.config = strategy, device, config
+        self.clock = Clock(device)
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        torch.manual_seed(config.seed)  # the same initial model on every rank and for every strategy
+        options = {**dict(config.model_options), "input_shape": input_shape}
+        model = build_model(config.model, **options).to(device)
+        self.base = model
+        self.params = sync_mod.trainable(model)
+        if not self.params:
+            raise ValueError(f"model {config.model} has no trainable parameters")
+        self.numels = [p.numel() for p in self.params]
+        self.itemsize = self.params[0].element_size()
+        self.last_grad: Any = None
+        for p in self.params:  # registered before the sync's hooks, so it runs first
+            p.register_post_accumulate_grad_hook(self._grad_done)
+        self.sync = sync_mod.make_sync(
+            strategy,
+            self.clock,
+            transport=config.transport,
+            cap_bytes=int(config.bucket_cap_mb * MiB),
+            first_cap_bytes=int(config.first_bucket_mb * MiB),
+        )
+        self.module = self.sync.wrap(model)
+        self.lr = config.effective_lr(batch_size, self.world)
+        self.optimizer = torch.optim.SGD(self.params, lr=self.lr, momentum=config.momentum)
+        self.loss_fn = nn.CrossEntropyLoss()
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        # Dropout draws from this trainer's own random state, swapped in for its steps only.
+        self.rng = torch.Generator().manual_seed(config.seed * 1000 + rank).get_state()
+        self.cuda_rng = None
+        if device.type == "cuda":
+            with torch.random.fork_rng(devices=[device]):
+                torch.cuda.manual_seed(config.seed * 1000 + rank)
+                self.cuda_rng = torch.cuda.get_rng_state(device)
+        self.times: list[list[float]] = []
+        self.losses: list[torch.Tensor] = []
+
+    def _swap_rng(
+        self, cpu: torch.Tensor, cuda: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Install the given random states; return the ones they replace."""
+        old = torch.get_rng_state(), (torch.cuda.get_rng_state(self.device) if cuda is not None else None)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, self.device)
+        return old
+
+    def _grad_done(self, param: torch.Tensor) -> None:
+        self.last_grad = self.clock.stamp()
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, data_s: float) -> None:
+        """One training step on the batch (x, y); its phase times are kept for the epoch's record."""
+        saved = self._swap_rng(self.rng, self.cuda_rng)
+        clock = self.clock
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        t0 = clock.stamp()
+        loss = self.loss_fn(self.module(x), y)
+        t1 = clock.stamp()
+        self.last_grad = None
+        self.sync.before_backward()
+        loss.backward()
+        t2 = clock.stamp()
+        self.sync.after_backward()
+        t3 = clock.stamp()
+        self.optimizer.step()
+        t4 = clock.stamp()
+        clock.settle()
+        self.rng, self.cuda_rng = self._swap_rng(*saved)
+        last = self.last_grad if self.last_grad is not None else t2
+        sec = clock.seconds
+        intervals = [(sec(t0, a), sec(t0, b)) for a, b in self.sync.take_intervals()]
+        backward_end = sec(t0, last)
+        self.times.append(
+            [
+                data_s,
+                sec(t0, t1),
+                sec(t1, last),
+                sec(last, t3),
+                sec(t3, t4),
+                data_s + sec(t0, t4),
+                union_length(intervals),
+                overlap_length(intervals, (sec(t0, t1), backward_end)),
+            ]
+        )
+        self.losses.append(loss.detach())
+
+    @torch.no_grad()
+    def evaluate(
+        self, loader: DataLoader | None, max_batches: int | None
+    ) -> tuple[float | None, float | None]:
+        """(mean loss, accuracy) on the held-out split, summed over ranks; (None, None) without one."""
+        if loader is None:
+            return None, None
+        model = self.base
+        model.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        for i, (x, y) in enumerate(loader):
+            if max_batches is not None and i >= max_batches:
+                break
+            x, y = x.to(self.device), y.to(self.device)
+            out = model(x)
+            sums[0] += self.loss_fn(out, y).item() * len(y)
+            sums[1] += (out.argmax(1) == y).sum().item()
+            sums[2] += len(y)
+        if self.world > 1 and not self._single_process():
+            dist.all_reduce(sums)
+        if sums[2] == 0:
+            return None, None
+        return float(sums[0] / sums[2]), float(sums[1] / sums[2])
+
+    def _single_process(self) -> bool:
+        return self.strategy in sync_mod.SINGLE_PROCESS
+
+    def epoch_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This epoch's per-step phase times and losses, averaged over ranks; resets both."""
+        times = torch.tensor(self.times, dtype=torch.float64).reshape(-1, len(PHASES))
+        losses = (
+            torch.stack(self.losses).double().cpu() if self.losses else torch.zeros(0, dtype=torch.float64)
+        )
+        if self.world > 1 and not self._single_process():
+            both = torch.cat([times.flatten(), losses])
+            dist.all_reduce(both)
+            both /= self.world
+            times, losses = both[: times.numel()].reshape(times.shape), both[times.numel() :]
+        self.times, self.losses = [], []
+        return times, losses
+
+    def close(self) -> None:
+        self.sync.close()
+
+
+def median_ms(column: torch.Tensor) -> float:
+    return statistics.median(column.tolist()) * 1e3 if column.numel() else 0.0
+
+
+def hidden_fraction(times: torch.Tensor) -> float | None:
+    comm = float(times[:, PHASES.index("comm")].sum()) if times.numel() else 0.0
+    if comm <= 0:
+        return None
+    return float(times[:, PHASES.index("hidden_comm")].sum()) / comm
+
+
+def epoch_record(
+    strategy: str,
+    world: int,
+    epoch: int,
+    batch_size: int,
+    times: torch.Tensor,
+    losses: torch.Tensor,
+    cumulative_s: float,
+    evaluation: tuple[float | None, float | None],
+    wire: Any = None,
+) -> EpochRecord:
+    col = {name: times[:, i] for i, name in enumerate(PHASES)}
+    steps = times.shape[0]
+    time_s = float(col["step"].sum())
+    samples = steps * batch_size * world
+    return EpochRecord(
+        strategy=strategy,
+        world_size=world,
+        epoch=epoch,
+        first_epoch=epoch == 1,
+        steps=steps,
+        samples=samples,
+        time_s=time_s,
+        cumulative_time_s=cumulative_s + time_s,
+        images_per_s=samples / time_s if time_s > 0 else 0.0,
+        loss=float(losses.mean()) if losses.numel() else float("nan"),
+        eval_loss=evaluation[0],
+        accuracy=evaluation[1],
+        step_time_ms=median_ms(col["step"]),
+        data_ms=median_ms(col["data"]),
+        forward_ms=median_ms(col["forward"]),
+        backward_ms=median_ms(col["backward"]),
+        exposed_comm_ms=median_ms(col["exposed_comm"]),
+        optimizer_ms=median_ms(col["optimizer"]),
+        comm_ms=median_ms(col["comm"]),
+        hidden_comm_fraction=hidden_fraction(times),
+        step_losses=[float(v) for v in losses],
+        **(
+            {}
+            if wire is None
+            else {
+                "computed_wire_bytes": wire.computed_wire_bytes,
+                "measured_wire_bytes": wire.measured_wire_bytes,
+                "wire_bytes_ratio": wire.wire_bytes_ratio,
+                "wire_expected_ratio": wire.wire_expected_ratio,
+                "wire_check": wire.wire_check,
+                "hosts": [dataclasses.asdict(h) for h in wire.hosts],
+            }
+        ),
+    )
+
+
+def summarise(
+    trainer: Trainer,
+    epochs: list[EpochRecord],
+    timed: torch.Tensor,
+    world: int,
+    batch_size: int,
+    num_samples: int,
+    backend: str,
+) -> TrainSummary:
+    """The strategy's summary: medians over the timed steps (later epochs, or all but the first step)."""
+    config = trainer.config
+    col = {name: timed[:, i] for i, name in enumerate(PHASES)}
+    numels = [p.numel() for p in trainer.params]
+    itemsize = trainer.params[0].element_size()
+    syncs = syncs_per_epoch(num_samples, batch_size, world, config.steps_per_epoch)
+    wire = computed_wire_bytes(trainer.strategy, world, numels, itemsize, config)
+    reached = next(
+        (e for e in epochs if config.loss_threshold is not None and e.loss < config.loss_threshold), None
+    )
+    step_ms = median_ms(col["step"])
+    bucketed = trainer.strategy in ("bucketed", "ddp")
+    return TrainSummary(
+        strategy=trainer.strategy,
+        world_size=world,
+        backend=backend,
+        device=trainer.device.type,
+        model=config.model,
+        dataset=config.dataset,
+        batch_size=batch_size,
+        global_batch=batch_size * world,
+        lr=trainer.lr,
+        transport=config.transport if trainer.strategy == "bucketed" else None,
+        epochs=len(epochs),
+        steps_timed=int(timed.shape[0]),
+        step_time_ms=step_ms,
+        data_ms=median_ms(col["data"]),
+        forward_ms=median_ms(col["forward"]),
+        backward_ms=median_ms(col["backward"]),
+        optimizer_ms=median_ms(col["optimizer"]),
+        compute_ms=median_ms(col["forward"] + col["backward"] + col["optimizer"]),
+        comm_ms=median_ms(col["comm"]),
+        exposed_comm_ms=median_ms(col["exposed_comm"]),
+        hidden_comm_fraction=hidden_fraction(timed),
+        images_per_s=batch_size * world / (step_ms / 1e3) if step_ms > 0 else 0.0,
+        first_epoch_time_s=epochs[0].time_s,
+        later_epoch_time_s=statistics.mean(e.time_s for e in epochs[1:]) if len(epochs) > 1 else None,
+        final_loss=epochs[-1].loss,
+        final_accuracy=epochs[-1].accuracy,
+        loss_threshold=config.loss_threshold,
+        epochs_to_threshold=reached.epoch if reached else None,
+        time_to_threshold_s=reached.cumulative_time_s if reached else None,
+        trainable_params=sum(numels),
+        buckets=(
+            len(
+                assign_buckets(
+                    numels, itemsize, int(config.bucket_cap_mb * MiB), int(config.first_bucket_mb * MiB)
+                )
+            )
+            if bucketed
+            else None
+        ),
+        syncs_per_epoch=syncs,
+        grad_bytes_per_epoch=grad_bytes_per_epoch(sum(numels), itemsize, syncs),
+        wire_bytes_per_rank_per_epoch=[w * syncs for w in wire] if wire is not None else None,
+        step_time_ratio_to_ddp=None,
+    )
+
+
+def _loaders(
+    config: TrainConfig, batch_size: int, world: int, rank: int
+) -> tuple[Dataset, DataLoader, DataLoader | None, DistributedSampler]:
+    from commbench.trainers.data import build_dataset
+
+    common = dict(data_dir=config.data_dir, input_shape=config.input_shape(), seed=config.seed)
+    train = build_dataset(
+        config.dataset, train=True, num_samples=config.samples, replicate=config.replicate, **common
+    )
+    sampler = DistributedSampler(
+        train, num_replicas=world, rank=rank, shuffle=True, seed=config.seed, drop_last=True
+    )
+    # Every rank takes the same number of steps: a rank with one more would wait forever.
+    train_loader = DataLoader(train, batch_size=batch_size, sampler=sampler, drop_last=True)
+    test_loader = None
+    if config.evaluate:
+        test = build_dataset(config.dataset, train=False, **common)
+        shard = Subset(test, range(rank, len(test), world))
+        test_loader = DataLoader(shard, batch_size=batch_size)
+    return train, train_loader, test_loader, sampler
+
+
+def find_max_batch(
+    config: TrainConfig, input_shape: tuple[int, ...], device: torch.device, limit: int = 1 << 16
+) -> int:
+    """The largest batch (a power of two, then refined by bisection) whose training step fits in
+    GPU memory, found by trying steps until CUDA runs out of memory."""
+    from commbench.trainers.models import build_model
+
+    if device.type != "cuda":
+        raise ValueError("searching the largest batch (--batch-size 0) needs --device cuda")
+    model = build_model(config.model, **{**dict(config.model_options), "input_shape": input_shape}).to(device)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def fits(b: int) -> bool:
+        try:
+            x = torch.randn(b, *input_shape, device=device)
+            y = torch.zeros(b, dtype=torch.long, device=device)
+            loss_fn(model(x), y).backward()
+            torch.cuda.synchronize()
+            return True
+        except torch.OutOfMemoryError:
+            return False
+        finally:
+            model.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+
+    lo, hi = 0, 1
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    if lo == 0:
+        raise ValueError(f"model {config.model} does not fit on the GPU even with batch 1")
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def run_rank(
+    config: TrainConfig,
+    device: torch.device,
+    emit: Callable[[Any], None],
+    progress: Any = None,
+    inspect: Callable[[list[Trainer]], None] | None = None,
+) -> list[TrainSummary]:
+    """Train every strategy of ``config`` on this rank, steps interleaved; return their summaries.
+
+    ``emit`` receives each epoch record as it is made (rank 0 writes them); ``progress`` (a tqdm
+    bar or None) is advanced once per step of every strategy; ``inspect`` sees the trainers after
+    the last epoch (tests compare their parameters).
+    """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    for s in config.strategies:
+        if s in sync_mod.SINGLE_PROCESS and world > 1:
+            raise ValueError(f"strategy {s} runs in one process; it cannot run with {world} ranks")
+    shape = config.input_shape()
+    batch = config.batch_size or find_max_batch(config, shape, device)
+    train, loader, test_loader, sampler = _loaders(config, batch, world, rank)
+    steps = len(loader) if config.steps_per_epoch is None else min(len(loader), config.steps_per_epoch)
+    if steps == 0:
+        raise ValueError(f"{len(train)} samples do not make one batch of {batch} on each of {world} ranks")
+    trainers = [Trainer(config, s, shape, device, batch) for s in config.strategies]
+    windows = None
+    if config.probe and device.type == "cpu" and world > 1:  # NIC counters see gloo's TCP traffic
+        from commbench.probes.wirecount import StepWindows, WireCounter
+
+        windows = StepWindows(WireCounter(device))
+    try:
+        history: dict[str, list[EpochRecord]] = {s: [] for s in config.strategies}
+        timed: dict[str, list[torch.Tensor]] = {s: [] for s in config.strategies}
+        for epoch in range(1, config.epochs + 1):
+            sampler.set_epoch(epoch)
+            batches = iter(loader)
+            for _ in range(steps):
+                t = time.perf_counter()
+                x, y = next(batches)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                data_s = time.perf_counter() - t
+                for tr in trainers:
+                    if windows is not None:
+                        windows.around(tr.strategy, lambda tr=tr: tr.step(x, y, data_s))  # noqa: B023
+                    else:
+                        tr.step(x, y, data_s)
+                    if progress is not None:
+                        progress.update(1)
+            for tr in trainers:
+                times, losses = tr.epoch_stats()
+                prior = history[tr.strategy][-1].cumulative_time_s if history[tr.strategy] else 0.0
+                wire = None
+                per_sync = wire_bytes_per_sync(tr.strategy, world, tr.numels, tr.itemsize, config)
+                if windows is not None and per_sync is not None:
+                    wire = windows.take(tr.strategy, steps, *per_sync, sum(tr.numels) * tr.itemsize)
+                evaluation = tr.evaluate(test_loader, config.steps_per_epoch)
+                record = epoch_record(
+                    tr.strategy, world, epoch, batch, times, losses, prior, evaluation, wire
+                )
+                history[tr.strategy].append(record)
+                emit(record)
+                # The summary times later epochs; with one epoch, every step but the first.
+                if config.epochs == 1:
+                    timed[tr.strategy].append(times[1:] if times.shape[0] > 1 else times)
+                elif epoch > 1:
+                    timed[tr.strategy].append(times)
+        backend = dist.get_backend() if dist.is_initialized() else "none"
+        summaries = [
+            summarise(
+                tr, history[tr.strategy], torch.cat(timed[tr.strategy]), world, batch, len(train), backend
+            )
+            for tr in trainers
+        ]
+        if inspect is not None:
+            inspect(trainers)
+    finally:
+        for tr in trainers:
+            tr.close()
+    ddp = next((s for s in summaries if s.strategy == "ddp"), None)
+    if ddp is not None and ddp.step_time_ms > 0:
+        summaries = [
+            dataclasses.replace(s, step_time_ratio_to_ddp=s.step_time_ms / ddp.step_time_ms)
+            for s in summaries
+        ]
+    return summaries

@@ -1,0 +1,297 @@
+"""Gradient-sync strategies: how the ranks' gradients become one average before the optimizer.
+
+Every strategy has the same small interface, used by ``trainers.loop``:
+``wrap(model)`` returns the module the loop calls forward on, ``after_backward()`` returns once
+every gradient is the average over ranks, and ``take_intervals()`` hands over this step's
+communication as (start, end) clock stamps, so the loop can say how much was hidden behind
+backward.
+
+- ``none``: one rank, nothing to sync.
+- ``naive`` / ``ring``: after backward, pack every gradient into one buffer, allreduce it with the
+  hand-written algorithm, unpack.
+- ``bucketed``: gradient hooks pack gradients into buckets (DDP's rule, see ``bucketing``); each
+  bucket's allreduce starts as soon as it is full and runs while backward goes on. Transport:
+  the backend's async allreduce, or the hand-written ring on a thread of its own.
+- ``ddp``: torch DistributedDataParallel, the reference, with a comm hook that only adds timing.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from commbench import comm
+from commbench.kernels import pack, unpack
+from commbench.trainers.bucketing import DEFAULT_CAP_BYTES, DEFAULT_FIRST_CAP_BYTES, assign_buckets
+from commbench.trainers.timing import Clock
+
+STRATEGIES = ("none", "naive", "ring", "bucketed", "ddp", "dp", "vanilla-dp")
+TRANSPORTS = ("backend", "ring")
+SINGLE_PROCESS = ("none", "dp", "vanilla-dp")  # one process; dp and vanilla-dp drive every local GPU
+CUDA_ONLY = ("dp", "vanilla-dp")
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+class GradSync:
+    """No communication: the ``none`` strategy, and the base of the others."""
+
+    name = "none"
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._intervals: list[tuple[Any, Any]] = []
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def before_backward(self) -> None:
+        """Called after forward, before ``loss.backward()``."""
+
+    def after_backward(self) -> None:
+        """Return once every trainable gradient is the average over ranks."""
+
+    def take_intervals(self) -> list[tuple[Any, Any]]:
+        out, self._intervals = self._intervals, []
+        return out
+
+    def close(self) -> None:
+        """Release threads and groups."""
+
+
+def _grads(params: list[nn.Parameter]) -> list[torch.Tensor]:
+    """Gradients of ``params``; a parameter that got none contributes zeros."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return [p.grad for p in params]
+
+
+class AfterBackward(GradSync):
+    """Hand-written allreduce of all gradients, in one flat buffer, after backward."""
+
+    def __init__(self, clock: Clock, algorithm: str) -> None:
+        super().__init__(clock)
+        self.name = algorithm
+        self.algorithm = algorithm
+        self.world = dist.get_world_size()
+        self.params: list[nn.Parameter] = []
+        self.flat: torch.Tensor | None = None
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        self.params = trainable(model)
+        p0 = self.params[0]
+        self.flat = torch.empty(sum(p.numel() for p in self.params), dtype=p0.dtype, device=p0.device)
+        return model
+
+    def after_backward(self) -> None:
+        assert self.flat is not None
+        grads = _grads(self.params)
+        start = self.clock.stamp()
+        pack(grads, self.flat)
+        comm.all_reduce(self.flat, op="sum", algorithm=self.algorithm, check=False)
+        self.flat.div_(self.world)
+        unpack(self.flat, grads)
+        self._intervals.append((start, self.clock.stamp()))
+
+
+class _RingThread:
+    """Runs the hand-written ring allreduce on buffers handed to it, in order, off the main thread."""
+
+    def __init__(self, clock: Clock, group: dist.ProcessGroup) -> None:
+        self.clock, self.group = clock, group
+        self.jobs: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._serve, name="commbench-ring", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            buffer, done, record = job
+            try:
+                if self.error is None:
+                    start = self.clock.stamp()
+                    comm.all_reduce(buffer, op="sum", algorithm="ring", group=self.group, check=False)
+                    record(start, self.clock.stamp())
+            except BaseException as exc:  # re-raised on the main thread by wait()
+                self.error = exc
+            finally:
+                done.set()
+
+    def submit(self, buffer: torch.Tensor, record: Callable[[Any, Any], None]) -> threading.Event:
+        done = threading.Event()
+        self.jobs.put((buffer, done, record))
+        return done
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join(timeout=30)
+
+
+class Bucketed(GradSync):
+    """Gradient hooks fill buckets; each full bucket's allreduce overlaps the rest of backward."""
+
+    name = "bucketed"
+
+    def __init__(
+        self,
+        clock: Clock,
+        transport: str = "backend",
+        cap_bytes: int = DEFAULT_CAP_BYTES,
+        first_cap_bytes: int = DEFAULT_FIRST_CAP_BYTES,
+    ) -> None:
+        super().__init__(clock)
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}; choose from {', '.join(TRANSPORTS)}")
+        self.transport, self.cap_bytes, self.first_cap_bytes = transport, cap_bytes, first_cap_bytes
+        self.world = dist.get_world_size()
+        self.ring: _RingThread | None = None
+        self._lock = threading.Lock()
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        self.params = trainable(model)
+        p0 = self.params[0]
+        self.buckets = assign_buckets(
+            [p.numel() for p in self.params], p0.element_size(), self.cap_bytes, self.first_cap_bytes
+        )
+        self.buffers = [torch.empty(b.numel, dtype=p0.dtype, device=p0.device) for b in self.buckets]
+        self.bucket_of = {i: b.index for b in self.buckets for i in b.params}
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
+        if self.transport == "ring":
+            # A group of its own: the ring thread never shares a channel with the main thread.
+            self.ring = _RingThread(self.clock, dist.new_group(backend=dist.get_backend()))
+        self.before_backward()
+        return model
+
+    def before_backward(self) -> None:
+        self.waiting = [len(b.params) for b in self.buckets]
+        self.next_launch = 0
+        self.handles: list[Any] = [None] * len(self.buckets)
+
+    def _grad_ready(self, i: int) -> None:
+        b = self.bucket_of[i]
+        self.waiting[b] -= 1
+        # Buckets start strictly in order, as DDP does, so every rank issues the same sequence.
+        while self.next_launch < len(self.buckets) and self.waiting[self.next_launch] == 0:
+            self._launch(self.next_launch)
+            self.next_launch += 1
+
+    def _record(self, start: Any, end: Any) -> None:
+        with self._lock:
+            self._intervals.append((start, end))
+
+    def _launch(self, b: int) -> None:
+        bucket, buffer = self.buckets[b], self.buffers[b]
+        pack(_grads([self.params[i] for i in bucket.params]), buffer)
+        buffer.div_(self.world)
+        if self.ring is not None:
+            self.handles[b] = self.ring.submit(buffer, self._record)
+            return
+        start = self.clock.stamp()
+        fut = dist.all_reduce(buffer, async_op=True).get_future()
+        self.handles[b] = fut.then(lambda f, start=start: self._record(start, self.clock.stamp()))
+
+    def after_backward(self) -> None:
+        while self.next_launch < len(self.buckets):  # parameters that got no gradient this step
+            self._launch(self.next_launch)
+            self.next_launch += 1
+        for bucket, buffer, handle in zip(self.buckets, self.buffers, self.handles, strict=True):
+            if self.ring is not None:
+                if not handle.wait(timeout=dist.default_pg_timeout.total_seconds()):
+                    raise TimeoutError("the ring thread did not finish a bucket in time")
+                if self.ring.error is not None:
+                    raise RuntimeError(f"ring allreduce failed: {self.ring.error}") from self.ring.error
+            else:
+                handle.wait()
+            unpack(buffer, [self.params[i].grad for i in bucket.params])
+        self.before_backward()
+
+    def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+
+
+class DDPSync(GradSync):
+    """torch DistributedDataParallel; its comm hook is the default allreduce plus timestamps."""
+
+    name = "ddp"
+
+    def __init__(
+        self, clock: Clock, cap_bytes: int = DEFAULT_CAP_BYTES, first_cap_bytes: int = DEFAULT_FIRST_CAP_BYTES
+    ) -> None:
+        super().__init__(clock)
+        self.cap_bytes, self.first_cap_bytes = cap_bytes, first_cap_bytes
+        self._lock = threading.Lock()
+
+    def _bucket_args(self) -> dict[str, Any]:
+        """DDP's own defaults (25 MiB, first bucket 1 MiB) when asked for; else both caps, per bucket."""
+        import inspect
+
+        from torch.nn.parallel import DistributedDataParallel
+
+        if (self.cap_bytes, self.first_cap_bytes) == (DEFAULT_CAP_BYTES, DEFAULT_FIRST_CAP_BYTES):
+            return {}
+        cap_mb, first_mb = self.cap_bytes / (1 << 20), self.first_cap_bytes / (1 << 20)
+        if "bucket_cap_mb_list" in inspect.signature(DistributedDataParallel).parameters:
+            return {"bucket_cap_mb_list": [first_mb, cap_mb]}
+        return {"bucket_cap_mb": cap_mb}
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.nn.parallel import DistributedDataParallel
+
+        device = next(model.parameters()).device
+        ddp = DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None, **self._bucket_args()
+        )
+        ddp.register_comm_hook(None, self._hook)
+        return ddp
+
+    def _hook(self, state, bucket):  # noqa: ANN001 - DDP rejects any annotation but a real GradBucket
+        buffer = bucket.buffer()
+        buffer.div_(dist.get_world_size())
+        start = self.clock.stamp()
+        fut = dist.all_reduce(buffer, async_op=True).get_future()
+
+        def done(f: torch.futures.Future) -> torch.Tensor:
+            end = self.clock.stamp()
+            with self._lock:
+                self._intervals.append((start, end))
+            return f.value()[0]
+
+        return fut.then(done)
+
+
+def make_sync(
+    strategy: str,
+    clock: Clock,
+    *,
+    transport: str = "backend",
+    cap_bytes: int = DEFAULT_CAP_BYTES,
+    first_cap_bytes: int = DEFAULT_FIRST_CAP_BYTES,
+) -> GradSync:
+    """The sync object of one strategy (see module docstring)."""
+    if strategy == "none":
+        return GradSync(clock)
+    if strategy in ("naive", "ring"):
+        return AfterBackward(clock, strategy)
+    if strategy == "bucketed":
+        return Bucketed(clock, transport, cap_bytes, first_cap_bytes)
+    if strategy == "ddp":
+        return DDPSync(clock, cap_bytes, first_cap_bytes)
+    if strategy in CUDA_ONLY:
+        from commbench.trainers.dataparallel import DataParallelSync
+
+        return DataParallelSync(clock, strategy)
+    raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")

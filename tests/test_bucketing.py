@@ -1,0 +1,100 @@
+"""Bucket assignment, byte accounting, interval arithmetic and pack/unpack, without a process group."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from commbench.comm.costmodel import cost
+from commbench.kernels import pack, unpack
+from commbench.trainers.bucketing import MiB, assign_buckets, grad_bytes_per_epoch, syncs_per_epoch
+from commbench.trainers.timing import overlap_length, union_length
+
+
+def test_buckets_follow_ddp_rule() -> None:
+    # 4-byte elements: 1 MiB = 262144 elements. Registration order a, b, c, d; backward order d, c, b, a.
+    numels = [100, 300_000, 5_000_000, 200_000]
+    buckets = assign_buckets(numels, 4, cap_bytes=25 * MiB, first_cap_bytes=1 * MiB)
+    assert [b.params for b in buckets] == [(3, 2), (1, 0)]
+    assert buckets[0].size_bytes == (5_000_000 + 200_000) * 4
+    assert [b.index for b in buckets] == [0, 1]
+
+
+def test_first_bucket_smaller_and_big_parameter_alone() -> None:
+    numels = [10] * 4 + [10_000_000]  # the last-registered parameter is 40 MB: alone, and first
+    buckets = assign_buckets(numels, 4, cap_bytes=1000, first_cap_bytes=100)
+    assert buckets[0].params == (4,)
+    assert buckets[1].params == (3, 2, 1, 0)  # 160 bytes < 1000: one bucket, not closed at 100
+
+
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=40), st.integers(1, 20000), st.integers(1, 20000))
+def test_buckets_cover_every_parameter_once(numels: list[int], cap: int, first: int) -> None:
+    buckets = assign_buckets(numels, 2, cap_bytes=cap, first_cap_bytes=first)
+    seen = [i for b in buckets for i in b.params]
+    assert seen == list(reversed(range(len(numels))))
+    for b in buckets:
+        assert b.numel == sum(numels[i] for i in b.params)
+        # A bucket closes as soon as it reaches its cap: without its last parameter it was below.
+        limit = first if b.index == 0 else cap
+        assert (b.numel - numels[b.params[-1]]) * 2 < limit
+        if b.index < len(buckets) - 1:
+            assert b.size_bytes >= limit
+
+
+def test_bad_caps_rejected() -> None:
+    with pytest.raises(ValueError, match="caps"):
+        assign_buckets([1], 4, cap_bytes=0)
+    with pytest.raises(ValueError, match="negative"):
+        assign_buckets([-1], 4)
+
+
+def test_syncs_and_grad_bytes_match_the_study_formula() -> None:
+    # N = 60000, B = 1024, k = 4: ceil(60000 / 4096) = 15 syncs; 119586826 params x 4 B x 15.
+    assert syncs_per_epoch(60000, 1024, 4, None) == 15
+    assert syncs_per_epoch(60000, 1024, 4, 10) == 10
+    assert grad_bytes_per_epoch(119586826, 4, 15) == 119586826 * 4 * 15
+    with pytest.raises(ValueError):
+        syncs_per_epoch(10, 0, 1, None)
+
+
+def test_computed_wire_bytes_per_strategy() -> None:
+    from commbench.trainers.loop import TrainConfig, computed_wire_bytes
+
+    numels = [1000, 50_000, 300_000]
+    config = TrainConfig(strategies=("bucketed",), bucket_cap_mb=1.0, first_bucket_mb=0.5)
+    ring = computed_wire_bytes("ring", 3, numels, 4, config)
+    assert ring == list(cost("all_reduce", "ring", 3, sum(numels), 4).sent_bytes)
+    naive = computed_wire_bytes("naive", 3, numels, 4, config)
+    assert naive[0] == 2 * sum(numels) * 4 and naive[1] == sum(numels) * 4
+    bucketed = computed_wire_bytes("bucketed", 3, numels, 4, config)
+    expected = [0, 0, 0]
+    for b in assign_buckets(numels, 4, MiB, MiB // 2):
+        for r, s in enumerate(cost("all_reduce", "builtin", 3, b.numel, 4).sent_bytes):
+            expected[r] += s
+    assert bucketed == expected
+    # Ring priced per bucket moves about 2 (n-1)/n of the gradient bytes, like one big ring.
+    assert sum(bucketed) == pytest.approx(sum(ring), rel=0.01)
+    assert computed_wire_bytes("none", 1, numels, 4, config) == [0]
+    assert computed_wire_bytes("dp", 1, numels, 4, config) is None
+
+
+def test_union_and_overlap() -> None:
+    intervals = [(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]
+    assert union_length(intervals) == pytest.approx(4.0)
+    assert union_length([]) == 0.0
+    assert overlap_length(intervals, (1.5, 5.5)) == pytest.approx(2.0)
+    assert overlap_length(intervals, (10.0, 11.0)) == 0.0
+
+
+def test_pack_unpack_round_trip() -> None:
+    tensors = [torch.randn(3, 4), torch.randn(5), torch.randn(2, 2, 2)]
+    flat = torch.empty(12 + 5 + 8)
+    pack(tensors, flat)
+    assert torch.equal(flat[:12], tensors[0].flatten())
+    out = [torch.zeros_like(t) for t in tensors]
+    unpack(flat, out)
+    assert all(torch.equal(a, b) for a, b in zip(tensors, out, strict=True))
+    with pytest.raises(ValueError, match="elements"):
+        pack(tensors, torch.empty(3))

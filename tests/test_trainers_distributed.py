@@ -1,0 +1,91 @@
+"""Every gradient-sync strategy trains the same model: from one seed, after a few steps, each
+leaves the parameters DistributedDataParallel leaves, at 1, 2 and 3 ranks (real gloo groups)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.train_cases import run_train_case
+from tests.world import World
+
+STRATEGIES_MULTI = ("naive", "ring", "bucketed", "ddp")
+
+
+@pytest.fixture(scope="module")
+def train_worlds():
+    started: dict[int, World] = {}
+
+    def get(size: int) -> World:
+        if size not in started:
+            started[size] = World(size, run_train_case)
+        return started[size]
+
+    yield get
+    for w in started.values():
+        w.close()
+
+
+def _config(strategies: tuple[str, ...], **extra) -> dict:
+    base = dict(
+        strategies=strategies,
+        model="mlp",
+        model_options=(("widths", [64, 48]),),
+        samples=512,
+        batch_size=16,
+        steps_per_epoch=3,
+        epochs=2,
+        lr=0.05,
+        bucket_cap_mb=0.01,  # several buckets even for this small model
+        first_bucket_mb=0.004,
+        evaluate=True,
+    )
+    return {**base, **extra}
+
+
+def _results(world: World, config: dict) -> list[dict]:
+    results = world.run({"config": config})
+    errors = [r for r in results if isinstance(r, tuple) and r[0] == "error"]
+    assert not errors, errors
+    return results
+
+
+def _assert_same(a: list[torch.Tensor], b: list[torch.Tensor], what: str) -> None:
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=lambda m, i=i: f"{what}, param {i}: {m}")
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+@pytest.mark.parametrize("transport", ["backend", "ring"])
+def test_strategies_leave_ddp_parameters(train_worlds, size: int, transport: str) -> None:
+    strategies = STRATEGIES_MULTI + (("none",) if size == 1 else ())
+    results = _results(train_worlds(size), _config(strategies, transport=transport))
+    for rank, r in enumerate(results):
+        ddp = r["params"]["ddp"]
+        start = results[0]["params"]["ddp"]
+        _assert_same(ddp, start, f"ddp on rank {rank} vs rank 0")  # ranks agree
+        for s in strategies:
+            _assert_same(r["params"][s], ddp, f"{s} ({transport}) vs ddp on rank {rank} of {size}")
+
+
+def test_training_moves_parameters_and_summaries_add_up(train_worlds) -> None:
+    results = _results(train_worlds(2), _config(("ring", "ddp")))
+    summaries = {s["strategy"]: s for s in results[0]["summaries"]}
+    ring, ddp = summaries["ring"], summaries["ddp"]
+    assert ring["steps_timed"] == 3  # epoch 2's steps
+    assert ring["trainable_params"] == 784 * 64 + 64 + 64 * 48 + 48 + 48 * 10 + 10
+    assert ring["grad_bytes_per_epoch"] == ring["trainable_params"] * 4 * 3  # min(ceil(512/32), 3) syncs
+    assert ring["hidden_comm_fraction"] == pytest.approx(0.0, abs=0.05)  # all of it after backward
+    assert ring["comm_ms"] > 0 and ddp["comm_ms"] > 0
+    assert ring["step_time_ratio_to_ddp"] == pytest.approx(ring["step_time_ms"] / ddp["step_time_ms"])
+    assert ddp["buckets"] >= 2
+    assert ring["final_accuracy"] is not None and 0 <= ring["final_accuracy"] <= 1
+    for s in (ring, ddp):
+        parts = s["forward_ms"] + s["backward_ms"] + s["exposed_comm_ms"] + s["optimizer_ms"] + s["data_ms"]
+        assert parts == pytest.approx(s["step_time_ms"], rel=0.5)  # medians of parts vs median of sums
+
+
+def test_bad_strategy_for_world_raises_on_every_rank(train_worlds) -> None:
+    results = train_worlds(2).run({"config": _config(("none",))})
+    assert all(isinstance(r, tuple) and "one process" in r[1] for r in results)
