@@ -21,7 +21,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from commbench.probes import host, wirecheck
+from commbench.probes import host, links, wirecheck
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -71,6 +71,22 @@ def _address(nic: str) -> str:
     return "?"
 
 
+CHECKED_PASS_S = 0.2  # shorter passes can legitimately exceed a shaped rate by the token bucket
+
+
+def link_gbps(nic: str, loopback: bool) -> float | None:
+    """The interface's maximum in GB/s (10^9 bytes) each way: ``$COMMBENCH_LINK_GBPS`` (Gbit/s, set
+    by the emulated cluster for its shaped links), else the speed the driver reports; None for
+    loopback and where no speed is known."""
+    shaped = os.environ.get("COMMBENCH_LINK_GBPS")
+    if shaped:
+        return float(shaped) / 8
+    if loopback:
+        return None
+    stats = psutil.net_if_stats().get(nic)
+    return stats.speed / 8e3 if stats is not None and stats.speed > 0 else None
+
+
 class WireCounter:
     """Counts interface bytes around passes of a collective; one per sweep or training run."""
 
@@ -80,6 +96,7 @@ class WireCounter:
         self.mtu = psutil.net_if_stats()[self.nic].mtu
         self.loopback = self.nic == "lo" or _address(self.nic).startswith("127.")
         self.interconnect = "loopback" if self.loopback else "ethernet"
+        self.link_gbps = link_gbps(self.nic, self.loopback)
         me = (_node_id(), self.nic, _address(self.nic))
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, me)
@@ -95,6 +112,13 @@ class WireCounter:
 
     def _read(self) -> tuple[host.NicCounters, host.CpuTimes]:
         return host.read_nic(self.nic), host.cpu_times()
+
+    def check_link(self, delta: host.NicCounters, seconds: float) -> None:
+        """Raise ImpossibleReading when this host's interface counted more than its link can carry."""
+        if self.link_gbps is None or seconds < CHECKED_PASS_S:
+            return
+        for direction, value in (("sent", delta.tx_bytes), ("received", delta.rx_bytes)):
+            links.check_rate(value, seconds, self.link_gbps, what=f"{self.nic} {direction}")
 
     def _idle(self, seconds: float) -> host.NicCounters:
         dist.barrier()
@@ -126,6 +150,7 @@ class WireCounter:
         # Two idle intervals as long as the pass; the quieter one is the baseline, so a burst of
         # someone else's traffic during one of them is not taken away from the measurement.
         idle = min((self._idle(elapsed) for _ in range(2)), key=lambda d: d.tx_bytes)
+        self.check_link(work, elapsed)
         local = torch.tensor(
             [
                 work.tx_bytes,
@@ -224,6 +249,9 @@ class StepWindows:
     ) -> WireCount:
         """``key``'s bytes per step since the last ``take``, grouped by host; every rank calls this."""
         tx, rx, seconds, user, system = self.acc.pop(key, [0.0] * 5)
+        self.counter.check_link(
+            host.NicCounters(tx_bytes=int(tx), rx_bytes=int(rx), tx_packets=0, rx_packets=0), seconds
+        )
         local = torch.tensor(
             [tx, rx, self.idle_rate[0] * seconds, self.idle_rate[1] * seconds, user, system],
             dtype=torch.float64,
