@@ -61,3 +61,14 @@ def test_link_check_refuses_an_impossible_rate(monkeypatch) -> None:
     assert link_gbps("eth0", False) == pytest.approx(2.5 / 8)
     monkeypatch.delenv("COMMBENCH_LINK_GBPS")
     assert link_gbps("lo", True) is None
+
+
+def test_framing_is_counted_per_packet_where_packets_are_known() -> None:
+    # veth with offload: 64 KiB segments, so 1 MB of payload is ~16 packets, not ~700 frames.
+    c = _counter([[0], [1]], ["eth0", "eth0"], "ethernet", 1500, None)
+    sent = [1_000_000, 1_000_000]
+    rows = [[s + 16 * 66, s + 16 * 66, 0, 0, 0.0, 0.0, 16, 0] for s in sent]
+    wc = c.summarise(rows, 1, sent, sent, 1 << 20)
+    assert wc.wire_expected_ratio == pytest.approx(1 + 32 * 66 / 2_000_000)
+    assert wc.wire_check is None  # the MTU-based 1.046 would have flagged this
+    assert c.summarise([r[:6] for r in rows], 1, sent, sent, 1 << 20).wire_check is not None

@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     from commbench.bench import train
 
     train.add_parsers(sub, _add_launch_args)
+    from commbench.bench import cluster
+
+    cluster.add_parser(sub)
     return parser
 
 
@@ -285,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_sweep(sweep_config(args), launch_spec(args), args.plot)
         if args.command == "summary":
             return cmd_summary(args.files)
+        if args.command == "cluster":
+            from commbench.bench import cluster
+
+            return cluster.run(args)
         if args.command == "bandwidth":
             from commbench.bench import bandwidth
 

@@ -86,15 +86,27 @@ def expected_ratio(interconnect: str, mtu: int | None = None) -> float:
     return 1.0
 
 
+def framing_ratio(computed_bytes: int, packets: int) -> float:
+    """Expected measured/computed from the packets the interface counted: each carries one link,
+    IP and TCP header. Exact whatever the segment size, so it also holds where the counter sees
+    offloaded (TSO/GSO) segments of up to 64 KiB instead of MTU-sized frames, as on veth."""
+    if computed_bytes <= 0:
+        raise ValueError(f"computed bytes must be > 0, got {computed_bytes}")
+    return 1.0 + packets * (LINK_HEADER_BYTES + IP_TCP_HEADER_BYTES) / computed_bytes
+
+
 def compare(
     computed_bytes: int,
     measured_bytes: int,
     baseline_bytes: int,
     interconnect: str,
     mtu: int | None = None,
+    packets: int | None = None,
 ) -> WireCheck:
     """Compare ``computed_bytes`` of payload with ``measured_bytes`` counted on the interface less
-    ``baseline_bytes`` of background traffic.
+    ``baseline_bytes`` of background traffic. With ``packets`` (the interface's packet count over
+    the same interval, less its baseline) the expected framing is counted per packet
+    (:func:`framing_ratio`) instead of assumed from the MTU.
 
     Raises:
         ValueError: unknown interconnect, bad MTU, or a negative or non-whole input.
@@ -107,6 +119,8 @@ def compare(
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a whole number of bytes >= 0, got {value!r}")
     want = expected_ratio(interconnect, mtu)
+    if packets is not None and computed_bytes > 0 and interconnect in DEFAULT_MTU:
+        want = framing_ratio(computed_bytes, max(packets, 0))
     tol = TOLERANCES[interconnect].relative
     net = measured_bytes - baseline_bytes
     ratio: float | None = None

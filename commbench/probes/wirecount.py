@@ -159,6 +159,8 @@ class WireCounter:
                 idle.rx_bytes,
                 cpu1.user_s - cpu0.user_s,
                 cpu1.system_s - cpu0.system_s,
+                work.tx_packets,
+                idle.tx_packets,
             ],
             dtype=torch.float64,
             device=self.device,
@@ -171,13 +173,17 @@ class WireCounter:
     def summarise(
         self, rows: list[list[float]], iters: int, sent: Sequence[int], recv: Sequence[int], size_bytes: int
     ) -> WireCount:
-        """Group the ranks' readings (tx, rx, idle tx, idle rx, cpu user, cpu system) by host."""
+        """Group the ranks' readings by host: tx, rx, idle tx, idle rx, cpu user, cpu system and,
+        where counted, tx packets and idle tx packets."""
         hosts, raw_total, base_total = [], 0, 0
+        packets: int | None = None
         for ranks, (nic, address) in zip(self.hosts, self.info, strict=True):
             first = rows[ranks[0]]  # ranks of one host read the same counter: take the first's
             tx_raw, rx_raw, tx_base, rx_base = (int(v) for v in first[:4])
             raw_total += tx_raw
             base_total += tx_base
+            if len(first) >= 8:  # packets counted: framing per packet, not assumed from the MTU
+                packets = (packets or 0) + max(0, int(first[6]) - int(first[7]))
             hosts.append(
                 HostBytes(
                     rank=ranks[0],
@@ -193,7 +199,9 @@ class WireCounter:
                 )
             )
         computed = sum(sent)
-        check = wirecheck.compare(computed * iters, raw_total, base_total, self.interconnect, self.mtu)
+        check = wirecheck.compare(
+            computed * iters, raw_total, base_total, self.interconnect, self.mtu, packets=packets
+        )
         flag = check.flag
         if size_bytes < wirecheck.MIN_CHECKED_BYTES:
             flag = "not judged: messages under 1 MiB, where per-message overhead dominates"
@@ -225,7 +233,7 @@ class StepWindows:
         dist.barrier()
         idle = host.nic_delta(a, host.read_nic(counter.nic))
         elapsed = time.perf_counter() - t0
-        self.idle_rate = (idle.tx_bytes / elapsed, idle.rx_bytes / elapsed)
+        self.idle_rate = (idle.tx_bytes / elapsed, idle.rx_bytes / elapsed, idle.tx_packets / elapsed)
         self.acc: dict[str, list[float]] = {}
 
     def around(self, key: str, run: Callable[[], None]) -> None:
@@ -238,9 +246,16 @@ class StepWindows:
         elapsed = time.perf_counter() - t0
         nic1, cpu1 = self.counter._read()
         d = host.nic_delta(nic0, nic1)
-        row = self.acc.setdefault(key, [0.0] * 5)
+        row = self.acc.setdefault(key, [0.0] * 6)
         for i, v in enumerate(
-            (d.tx_bytes, d.rx_bytes, elapsed, cpu1.user_s - cpu0.user_s, cpu1.system_s - cpu0.system_s)
+            (
+                d.tx_bytes,
+                d.rx_bytes,
+                elapsed,
+                cpu1.user_s - cpu0.user_s,
+                cpu1.system_s - cpu0.system_s,
+                d.tx_packets,
+            )
         ):
             row[i] += v
 
@@ -248,12 +263,21 @@ class StepWindows:
         self, key: str, steps: int, sent: Sequence[int], recv: Sequence[int], size_bytes: int
     ) -> WireCount:
         """``key``'s bytes per step since the last ``take``, grouped by host; every rank calls this."""
-        tx, rx, seconds, user, system = self.acc.pop(key, [0.0] * 5)
+        tx, rx, seconds, user, system, packets = self.acc.pop(key, [0.0] * 6)
         self.counter.check_link(
             host.NicCounters(tx_bytes=int(tx), rx_bytes=int(rx), tx_packets=0, rx_packets=0), seconds
         )
         local = torch.tensor(
-            [tx, rx, self.idle_rate[0] * seconds, self.idle_rate[1] * seconds, user, system],
+            [
+                tx,
+                rx,
+                self.idle_rate[0] * seconds,
+                self.idle_rate[1] * seconds,
+                user,
+                system,
+                packets,
+                self.idle_rate[2] * seconds,
+            ],
             dtype=torch.float64,
             device=self.counter.device,
         )

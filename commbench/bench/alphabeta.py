@@ -1,0 +1,187 @@
+"""The alpha-beta model fitted from a sweep: time = steps x alpha + critical_bytes x beta.
+
+Each sweep record is priced by the cost model (latency steps, bytes on the busiest link in
+sequence); one alpha (per-step latency) and one beta (seconds per byte, 1/link speed) are fitted
+by least squares of relative error over every record, so small and large messages weigh alike.
+Then each algorithm's predicted time is set beside the measured one. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from commbench.comm.costmodel import cost
+
+
+@dataclass(frozen=True, kw_only=True)
+class Point:
+    """One measured (algorithm, size) with its cost-model price."""
+
+    collective: str
+    algorithm: str
+    size_bytes: int
+    steps: int
+    critical_bytes: int
+    time_s: float
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.critical_bytes < 0:
+            raise ValueError(f"steps and bytes must be >= 0, got {self.steps}, {self.critical_bytes}")
+        if not (self.time_s > 0 and math.isfinite(self.time_s)):
+            raise ValueError(f"time must be a finite number > 0, got {self.time_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlphaBeta:
+    """A fitted model: ``alpha_s`` per latency step, ``beta_s_per_byte`` per byte in sequence."""
+
+    alpha_s: float
+    beta_s_per_byte: float
+    points: int
+
+    def __post_init__(self) -> None:
+        for name in ("alpha_s", "beta_s_per_byte"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+        if self.points < 1:
+            raise ValueError(f"a fit needs points, got {self.points}")
+
+    @property
+    def gbps(self) -> float | None:
+        """The bandwidth 1/beta in GB/s (10^9 bytes/s); None when beta is 0."""
+        return 1 / self.beta_s_per_byte / 1e9 if self.beta_s_per_byte else None
+
+    def predict_s(self, steps: int, critical_bytes: int) -> float:
+        return steps * self.alpha_s + critical_bytes * self.beta_s_per_byte
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """Predicted beside measured for one point; ``error`` = predicted / measured - 1."""
+
+    algorithm: str
+    size_bytes: int
+    measured_us: float
+    predicted_us: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_us / self.measured_us - 1
+
+
+def points(records: Iterable[dict[str, Any]]) -> list[Point]:
+    """Priced points from sweep records (``type == "sweep"``); records the model cannot price are left
+    out. The send/recv limit series is one step carrying the whole message."""
+    out = []
+    for r in records:
+        if r.get("type") != "sweep" or not r.get("count") or r.get("time_us", 0) <= 0:
+            continue
+        if r["collective"] == "sendrecv":
+            steps, critical = 1, r["size_bytes"]
+        else:
+            try:
+                c = cost(
+                    r["collective"],
+                    r.get("resolved_algorithm") or r["algorithm"],
+                    r["world_size"],
+                    r["count"],
+                    r["size_bytes"] // r["count"],
+                    root=r.get("root", 0),
+                )
+            except ValueError:
+                continue
+            steps, critical = c.steps, c.critical_bytes
+        name = "limit" if r["collective"] == "sendrecv" else r["algorithm"]
+        out.append(
+            Point(
+                collective=r["collective"],
+                algorithm=name,
+                size_bytes=r["size_bytes"],
+                steps=steps,
+                critical_bytes=critical,
+                time_s=r["time_us"] / 1e6,
+            )
+        )
+    return out
+
+
+def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """Least squares of y against a*x1 + b*x2 (rows of x1, x2, y); None when singular."""
+    s11 = sum(x1 * x1 for x1, _, _ in rows)
+    s12 = sum(x1 * x2 for x1, x2, _ in rows)
+    s22 = sum(x2 * x2 for _, x2, _ in rows)
+    t1 = sum(x1 * y for x1, _, y in rows)
+    t2 = sum(x2 * y for _, x2, y in rows)
+    det = s11 * s22 - s12 * s12
+    if abs(det) <= 1e-12 * max(s11 * s22, 1e-300):
+        return None
+    return (t1 * s22 - t2 * s12) / det, (s11 * t2 - s12 * t1) / det
+
+
+def _one(rows: list[tuple[float, float]]) -> float:
+    """Least squares of y against a*x through the origin, a >= 0."""
+    sxx = sum(x * x for x, _ in rows)
+    return max(0.0, sum(x * y for x, y in rows) / sxx) if sxx else 0.0
+
+
+def fit(pts: Sequence[Point]) -> AlphaBeta:
+    """Fit alpha and beta (both >= 0) minimising the squared relative error of predicted times.
+
+    Raises:
+        ValueError: fewer than two points, or nothing to fit (no steps and no bytes).
+    """
+    if len(pts) < 2:
+        raise ValueError(f"an alpha-beta fit needs at least 2 points, got {len(pts)}")
+    # Divide each equation by the measured time: residuals become relative errors.
+    rows = [(p.steps / p.time_s, p.critical_bytes / p.time_s, 1.0) for p in pts]
+    solved = _solve(rows)
+    if solved is not None and solved[0] >= 0 and solved[1] >= 0:
+        alpha, beta = solved
+    else:  # the best non-negative fit lies on an axis: try each one alone, keep the better
+        a_only = (_one([(x1, y) for x1, _, y in rows]), 0.0)
+        b_only = (0.0, _one([(x2, y) for _, x2, y in rows]))
+
+        def loss(ab: tuple[float, float]) -> float:
+            return sum((ab[0] * x1 + ab[1] * x2 - y) ** 2 for x1, x2, y in rows)
+
+        alpha, beta = min((a_only, b_only), key=loss)
+    if alpha == 0 and beta == 0:
+        raise ValueError("nothing to fit: every point has zero steps and zero bytes")
+    return AlphaBeta(alpha_s=alpha, beta_s_per_byte=beta, points=len(pts))
+
+
+def compare(pts: Sequence[Point], model: AlphaBeta, *, min_bytes: int = 1 << 20) -> list[Row]:
+    """Predicted and measured time of each point of at least ``min_bytes``, by algorithm then size."""
+    rows = [
+        Row(
+            algorithm=p.algorithm,
+            size_bytes=p.size_bytes,
+            measured_us=p.time_s * 1e6,
+            predicted_us=model.predict_s(p.steps, p.critical_bytes) * 1e6,
+        )
+        for p in pts
+        if p.size_bytes >= min_bytes
+    ]
+    return sorted(rows, key=lambda r: (r.algorithm, r.size_bytes))
+
+
+def table(model: AlphaBeta, rows: Sequence[Row]) -> str:
+    """The fitted parameters and, per algorithm, predicted beside measured time."""
+    bw = f"{model.gbps:.4f} GB/s" if model.gbps else "inf"
+    lines = [
+        f"# alpha-beta fit over {model.points} points: alpha = {model.alpha_s * 1e6:.1f} us per step, "
+        f"beta = {model.beta_s_per_byte * 1e9:.4f} ns/B (1/beta = {bw})",
+        f"#{'algorithm':>10} {'size(B)':>12} {'measured(us)':>13} {'predicted(us)':>14} {'error':>7}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.algorithm:>11} {r.size_bytes:>12} {r.measured_us:>13.1f} {r.predicted_us:>14.1f} "
+            f"{r.error:>+7.1%}"
+        )
+    if not rows:
+        lines.append("# (no point of 1 MiB or more)")
+    return "\n".join(lines)

@@ -1,0 +1,501 @@
+"""``commbench cluster``: run a commbench command on N emulated hosts with shaped links.
+
+Host i is a network namespace with its own NIC and address (see ``netns``), and rank i is started
+in it the way a real node starts its rank: torchrun with N nodes, one process per node and a c10d
+rendezvous on host 0. Node ranks follow the hosts because the rendezvous orders nodes by address.
+Each host's bytes are read at its switch port before and after the run and set beside what the
+cost model says the run moves; everything built is removed when the run ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from commbench.bench import netns
+from commbench.bench.netns import NIC, RDZV_PORT, Shaping, Topology
+
+INNER_COMMANDS = ("sweep", "train", "compare")
+LAUNCHER_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+)
+STOP_GRACE_S = 5.0  # how long torchrun agents get to stop their ranks before everything is killed
+FAILURE_GRACE_S = 1.0  # after a first failure, how long to wait for others (to tell cause from effect)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """One emulated-cluster run: hosts, link shaping and the inner commbench command."""
+
+    hosts: int
+    shaping: Shaping
+    inner: tuple[str, ...]
+    join_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.hosts <= netns.MAX_HOSTS:
+            raise ValueError(f"--hosts must be in 1..{netns.MAX_HOSTS}, got {self.hosts}")
+        if not self.inner:
+            raise ValueError(f"no command after '--'; give one of {', '.join(INNER_COMMANDS)}")
+        if self.inner[0] not in INNER_COMMANDS:
+            raise ValueError(
+                f"the cluster runs {', '.join(INNER_COMMANDS)}, not {self.inner[0]!r} (put it after '--')"
+            )
+        if any(a == "--world-size" or a.startswith("--world-size=") for a in self.inner):
+            raise ValueError("--world-size is set by the cluster (one rank per host); use --hosts instead")
+        if not self.join_timeout_s > 0:
+            raise ValueError(f"join timeout must be > 0 s, got {self.join_timeout_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostTraffic:
+    """One host's bytes over a run: measured at its switch port, and what the cost model says."""
+
+    rank: int
+    address: str
+    nic: str
+    tx_bytes: int
+    rx_bytes: int
+    computed_tx_bytes: int | None
+    computed_rx_bytes: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterRecord:
+    """Appended to the inner command's JSON Lines: the whole run's traffic per host and the links."""
+
+    hosts: tuple[HostTraffic, ...]
+    link_rate_gbps: float
+    tc: dict[str, float | int]
+    command: str
+    type: str = "cluster"
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``commbench cluster`` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "cluster",
+        help="run sweep/train/compare on N emulated hosts (network namespaces, shaped links)",
+        description="Build N hosts as network namespaces on a bridge, each with its own address in "
+        "198.18.0.0/15 and a link shaped both ways with tc, start rank i on host i with torchrun (c10d "
+        "rendezvous on host 0), run the commbench command given after '--', report each host's bytes "
+        "(measured beside the cost model), then remove everything. Needs root (or CAP_NET_ADMIN and "
+        "CAP_SYS_ADMIN) and iproute2. Example: "
+        "commbench cluster --hosts 4 --rate 1gbit -- sweep -a naive,ring",
+    )
+    p.add_argument("--hosts", type=int, required=True, help="hosts, one rank each")
+    p.add_argument("--rate", default="1gbit", help="link rate each way, tc style: 100mbit, 1gbit (default)")
+    p.add_argument(
+        "--burst",
+        default=None,
+        help="token-bucket size, bytes or with a K/M suffix (2^10, 2^20; default 1 ms of the rate, >= 128K)",
+    )
+    p.add_argument("--queue", default="10ms", help="longest wait in a link queue, then drop (default 10ms)")
+    p.add_argument("--delay", default=None, help="one-way delay of each link direction, e.g. 100us (netem)")
+    p.add_argument("--jitter", default=None, help="delay variation, e.g. 20us (netem; needs --delay)")
+    p.add_argument("--loss", default=None, help="packet loss of each link direction, e.g. 0.1%% (netem)")
+    p.add_argument("inner", nargs=argparse.REMAINDER, help="-- then a commbench sweep, train or compare")
+
+
+def config_from_args(args: argparse.Namespace) -> ClusterConfig:
+    """The ClusterConfig the command line asks for (ValueError names a bad value)."""
+    from commbench.bench.units import parse_size
+
+    inner = list(args.inner)
+    if inner and inner[0] == "--":
+        inner = inner[1:]
+    shaping = Shaping(
+        rate_bit=netns.parse_rate(args.rate),
+        burst_bytes=parse_size(args.burst) if args.burst else None,
+        queue_ms=netns.parse_time_us(args.queue) / 1e3,
+        delay_us=netns.parse_time_us(args.delay) if args.delay else 0.0,
+        jitter_us=netns.parse_time_us(args.jitter) if args.jitter else 0.0,
+        loss_percent=netns.parse_percent(args.loss) if args.loss else 0.0,
+    )
+    return ClusterConfig(hosts=args.hosts, shaping=shaping, inner=tuple(inner))
+
+
+def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = None) -> int:
+    """``commbench cluster``: check, build, run, report, remove. Returns the exit code.
+
+    Args:
+        args: the parsed command line.
+        privileges: raises ValueError when the cluster cannot be built (default: the real check).
+    """
+    from commbench.bench.cli import build_parser
+
+    config = config_from_args(args)
+    inner = build_parser().parse_args(list(config.inner))  # bad inner input: exit 2 before building
+    (privileges or netns.check_privileges)()
+    with tempfile.TemporaryDirectory(prefix="commbench-cluster-") as work:
+        json_path = getattr(inner, "json", None)
+        argv = list(config.inner)
+        if config.inner[0] == "sweep" and not json_path:  # the report needs the records
+            json_path = str(Path(work, "sweep.jsonl"))
+            argv += ["--json", json_path]
+        measured = run_hosts(config, argv, Path(work))
+        records = _read_records(json_path)
+        calls_extra = extra_calls(inner)
+        hosts = host_traffic(config, measured, records, calls_extra)
+        record = ClusterRecord(
+            hosts=tuple(hosts),
+            link_rate_gbps=config.shaping.link_gbps,
+            tc=config.shaping.as_record(),
+            command=shlex.join(config.inner),
+        )
+        if getattr(inner, "json", None):
+            with open(inner.json, "a") as f:
+                f.write(json.dumps(dataclasses.asdict(record)) + "\n")
+        print(report(config, hosts, records), flush=True)
+    return 0
+
+
+def _read_records(path: str | None) -> list[dict[str, Any]]:
+    from commbench.bench.records import read_jsonl
+
+    if not path or not Path(path).exists():
+        return []
+    try:
+        return [r for r in read_jsonl(path) if isinstance(r, dict)]
+    except (OSError, json.JSONDecodeError):
+        return []
+
+
+def host_env(base: dict[str, str], topo: Topology, i: int, shaping: Shaping) -> dict[str, str]:
+    """The environment of host ``i``'s launcher and rank: no outer launcher's variables, one thread,
+    gloo on the host's NIC, and the COMMBENCH_* variables the probes read."""
+    import commbench
+
+    env = {k: v for k, v in base.items() if k not in LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
+    root = str(Path(commbench.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, base.get("PYTHONPATH", "")) if p)
+    env.update(
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME=NIC,
+        COMMBENCH_NIC=NIC,
+        COMMBENCH_LINK_GBPS=repr(shaping.link_gbps),
+        COMMBENCH_HOST_ADDRESS=topo.address(i),
+    )
+    return env
+
+
+def host_command(topo: Topology, i: int, argv: Sequence[str], join_timeout_s: float) -> list[str]:
+    """How host ``i`` starts its node: torchrun inside its namespace, rendezvous at host 0."""
+    return [
+        "ip",
+        "netns",
+        "exec",
+        topo.namespace(i),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(topo.hosts),
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{topo.address(0)}:{RDZV_PORT}",
+        "--rdzv-id",
+        f"{netns.PREFIX}-{topo.owner}",
+        "--rdzv-conf",
+        f"is_host={int(i == 0)},join_timeout={int(join_timeout_s)}",
+        "--local-addr",  # the rendezvous sorts nodes by this: node rank i on host i
+        topo.address(i),
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.1",
+        "-m",
+        "commbench",
+        *argv,
+    ]
+
+
+def run_hosts(config: ClusterConfig, argv: Sequence[str], work: Path) -> dict[int, tuple[int, int]]:
+    """Build the cluster, run ``argv`` on every host, remove the cluster.
+
+    Returns {host: (tx_bytes, rx_bytes)} measured at the switch over the run.
+
+    Raises:
+        RankFailed: a host's rank failed (named, with its error); the others were stopped.
+        Interrupted: SIGINT or SIGTERM reached this process; the ranks were stopped.
+    """
+    import psutil
+
+    from commbench.bench.launch import Interrupted
+
+    topo = Topology(hosts=config.hosts, owner=os.getpid())
+    leftover = netns.destroy(netns.stale(netns.namespaces(), psutil.pid_exists))
+    if leftover:
+        raise RuntimeError(f"cannot remove namespaces of an earlier run: {', '.join(leftover)}")
+
+    def on_signal(signum: int, frame: Any) -> None:
+        for s in (signal.SIGINT, signal.SIGTERM):  # one is enough; a second must not cut the cleanup
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    handlers = {}
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:
+        handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    procs: list[subprocess.Popen] = []
+    logs = [work / f"host{i}.log" for i in range(config.hosts)]
+    try:
+        netns.create(topo, config.shaping)
+        before = netns.port_counters(topo)
+        for i in range(config.hosts):
+            with open(logs[i], "w") as log:
+                procs.append(
+                    subprocess.Popen(
+                        host_command(topo, i, argv, config.join_timeout_s),
+                        env=host_env(dict(os.environ), topo, i, config.shaping),
+                        stdin=subprocess.DEVNULL,
+                        stdout=None if i == 0 else log,
+                        stderr=log,
+                        start_new_session=True,  # our signals are ours; the hosts are stopped by us
+                    )
+                )
+        _wait(procs, logs)
+        after = netns.port_counters(topo)
+        return {i: (after[i][0] - before[i][0], after[i][1] - before[i][1]) for i in range(config.hosts)}
+    finally:
+        if main_thread:
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, signal.SIG_IGN)
+        try:
+            _stop(procs)
+            left = netns.destroy(netns.owned(netns.namespaces(), topo.owner))
+            if left:
+                print(f"commbench: could not remove {', '.join(left)}", file=sys.stderr)
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+
+
+def _wait(procs: Sequence[subprocess.Popen], logs: Sequence[Path]) -> None:
+    """Until every host ends well; on a failure, raise the one that came first (RankFailed)."""
+    failed: dict[int, float] = {}
+    while True:
+        now = time.monotonic()
+        for i, p in enumerate(procs):
+            if i not in failed and p.poll() not in (None, 0):
+                failed[i] = now
+        ended = all(p.poll() is not None for p in procs)
+        if failed and (ended or now - min(failed.values()) > FAILURE_GRACE_S):
+            raise first_failure(
+                {i: (t, failure_text(_tail(logs[i]), procs[i].returncode)) for i, t in failed.items()}
+            )
+        if not failed and all(p.poll() == 0 for p in procs):
+            return
+        time.sleep(0.05)
+
+
+def _tail(path: Path, limit: int = 1 << 20) -> str:
+    """The end of a host's log (what ended it is printed last)."""
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - limit))
+        return f.read().decode("utf-8", "replace")
+
+
+def _stop(procs: Sequence[subprocess.Popen]) -> None:
+    """SIGTERM each running launcher (it stops its rank), wait a little; ``destroy`` kills the rest."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + STOP_GRACE_S
+    for p in running:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+
+
+_SIGNAL = re.compile(r"Signal (\d+) \((SIG\w+)\) received")
+_ERROR = re.compile(r"^(commbench: .+|[A-Za-z_][\w.]*(Error|Exception|Interrupt|Failed)\b.*)$")
+
+
+def failure_text(log: str, returncode: int | None) -> str:
+    """What ended a host, in one line, from its launcher's output: a signal, an error, or the code."""
+    if m := _SIGNAL.search(log):
+        return f"killed by {m.group(2)}"
+    errors = [line.strip() for line in log.splitlines() if _ERROR.match(line.strip())]
+    noise = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError", "ChildFailedError")
+    errors = [e for e in errors if not e.startswith(noise)]
+    if errors:
+        return errors[-1].removeprefix("commbench: ")
+    if returncode is not None and returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exited with code {returncode}"
+
+
+def first_failure(failed: dict[int, tuple[float, str]]) -> Exception:
+    """The failure that came first: a killed or crashed rank before the peers it took down."""
+    from commbench.bench.launch import RankFailed
+
+    def key(item: tuple[int, tuple[float, str]]) -> tuple[int, float, int]:
+        host, (when, text) = item
+        stopped = text.startswith("killed by") and text.endswith(("SIGTERM", "SIGINT"))
+        return (2 if stopped else 0 if text.startswith("killed by") else 1, when, host)
+
+    host, (_, text) = min(failed.items(), key=key)
+    return RankFailed(host, text)
+
+
+def extra_calls(inner: argparse.Namespace) -> int:
+    """Calls of each sweep point beyond warmup + iters: the check, and the probes' counting pass."""
+    check = 1 if getattr(inner, "check", 0) else 0
+    probing = not getattr(inner, "no_probe", True) and getattr(inner, "device", "cpu") == "cpu"
+    return check + (getattr(inner, "probe_iters", 0) if probing else 0)
+
+
+def computed_bytes(
+    records: Sequence[dict[str, Any]], world: int, calls_extra: int
+) -> tuple[list[int], list[int]] | None:
+    """Per-rank payload bytes sent and received over a whole sweep, from its records' cost-model
+    fields: each point runs warmup + iters times, plus ``calls_extra`` (the check). None when the
+    records are not a sweep's."""
+    sweep = [r for r in records if r.get("type") == "sweep" and "computed_sent_bytes_per_rank" in r]
+    if not sweep:
+        return None
+    tx, rx = [0] * world, [0] * world
+    for r in sweep:
+        calls = r["warmup"] + r["iters"] + calls_extra
+        for rank in range(min(world, len(r["computed_sent_bytes_per_rank"]))):
+            tx[rank] += calls * r["computed_sent_bytes_per_rank"][rank]
+            rx[rank] += calls * r["computed_recv_bytes_per_rank"][rank]
+    return tx, rx
+
+
+def host_traffic(
+    config: ClusterConfig,
+    measured: dict[int, tuple[int, int]],
+    records: Sequence[dict[str, Any]],
+    calls_extra: int,
+) -> list[HostTraffic]:
+    """Measured and computed bytes of each host over the run (rank i is host i)."""
+    topo = Topology(hosts=config.hosts, owner=os.getpid())
+    computed = computed_bytes(records, config.hosts, calls_extra)
+    return [
+        HostTraffic(
+            rank=i,
+            address=topo.address(i),
+            nic=NIC,
+            tx_bytes=measured[i][0],
+            rx_bytes=measured[i][1],
+            computed_tx_bytes=computed[0][i] if computed else None,
+            computed_rx_bytes=computed[1][i] if computed else None,
+        )
+        for i in range(config.hosts)
+    ]
+
+
+def _ratio(measured: int, computed: int | None) -> str:
+    return f"{measured / computed:>6.3f}" if computed else f"{'-':>6}"
+
+
+def _mb(x: int | float | None) -> str:
+    return f"{'-':>10}" if x is None else f"{x / 1e6:>10.3f}"
+
+
+def traffic_table(hosts: Sequence[HostTraffic], title: str) -> str:
+    """Per host: measured beside computed bytes each way (MB = 1e6 bytes) and their ratio."""
+    lines = [
+        f"# {title}; MB = 1e6 B, computed = payload by the cost model",
+        f"#{'host':>4} {'address':>13} {'tx MB':>10} {'computed':>10} {'ratio':>6} "
+        f"{'rx MB':>10} {'computed':>10} {'ratio':>6}",
+    ]
+    for h in hosts:
+        lines.append(
+            f"{h.rank:>5} {h.address:>13} {_mb(h.tx_bytes)} {_mb(h.computed_tx_bytes)} "
+            f"{_ratio(h.tx_bytes, h.computed_tx_bytes)} {_mb(h.rx_bytes)} {_mb(h.computed_rx_bytes)} "
+            f"{_ratio(h.rx_bytes, h.computed_rx_bytes)}"
+        )
+    return "\n".join(lines)
+
+
+def per_point_tables(records: Sequence[dict[str, Any]]) -> str | None:
+    """From sweep records that carry ``hosts`` (per-iteration bytes measured by each rank): per
+    algorithm, each host's bytes summed over the sizes. None when no record carries them."""
+    sums: dict[str, dict[int, list[float]]] = {}
+    for r in records:
+        if r.get("type") != "sweep" or not r.get("hosts"):
+            continue
+        name = "limit" if r.get("collective") == "sendrecv" else r.get("algorithm", "?")
+        per = sums.setdefault(name, {})
+        for h in r["hosts"]:
+            acc = per.setdefault(int(h["rank"]), [0.0] * 6)
+            for k, key in enumerate(
+                ("tx_bytes", "computed_tx_bytes", "rx_bytes", "computed_rx_bytes", "cpu_user", "cpu_system")
+            ):
+                acc[k] += float(h.get(key) or 0)
+    if not sums:
+        return None
+    address = {int(h["rank"]): str(h.get("address", "?")) for r in records for h in r.get("hosts") or []}
+    lines = []
+    for name, per in sums.items():
+        hosts = [
+            HostTraffic(
+                rank=rank,
+                address=address.get(rank, "?"),
+                nic=NIC,
+                tx_bytes=int(acc[0]),
+                rx_bytes=int(acc[2]),
+                computed_tx_bytes=int(acc[1]) or None,
+                computed_rx_bytes=int(acc[3]) or None,
+            )
+            for rank, acc in sorted(per.items())
+        ]
+        lines.append(traffic_table(hosts, f"{name}: per iteration, summed over sizes, counted by each rank"))
+    return "\n".join(lines)
+
+
+def report(config: ClusterConfig, hosts: Sequence[HostTraffic], records: Sequence[dict[str, Any]]) -> str:
+    """What the cluster prints after the run: traffic per host, and the alpha-beta fit of a sweep."""
+    from commbench.bench import alphabeta
+
+    s = config.shaping
+    netem = (("delay", s.delay_us, "us"), ("jitter", s.jitter_us, "us"), ("loss", s.loss_percent, "%"))
+    extra = "".join(f", {name} {value:g}{unit}" for name, value, unit in netem if value)
+    parts = [
+        f"\n# cluster: {config.hosts} hosts, links {s.link_gbps:g} Gbit/s each way "
+        f"(tbf burst {s.burst} B, queue {s.queue_ms:g} ms{extra})",
+        traffic_table(hosts, "whole run, counted at each host's switch port (frames)"),
+    ]
+    if table := per_point_tables(records):
+        parts.append(table)
+    pts = alphabeta.points(records)
+    if len(pts) >= 2:
+        try:
+            model = alphabeta.fit(pts)
+        except ValueError:
+            model = None
+        if model is not None:
+            parts.append(alphabeta.table(model, alphabeta.compare(pts, model)))
+    return "\n".join(parts)

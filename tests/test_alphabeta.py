@@ -1,0 +1,103 @@
+"""The alpha-beta fit recovers known parameters; points are priced by the cost model."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from commbench.bench import alphabeta
+from commbench.bench.alphabeta import AlphaBeta, Point
+from commbench.comm.costmodel import cost
+
+ALPHA, BETA = 250e-6, 8e-9  # 250 us per step, 1/beta = 0.125 GB/s (a 1 Gbit/s link)
+
+
+def _record(algorithm: str, world: int, size: int, time_s: float, collective: str = "all_reduce") -> dict:
+    return {
+        "type": "sweep",
+        "collective": collective,
+        "algorithm": algorithm,
+        "resolved_algorithm": algorithm,
+        "world_size": world,
+        "size_bytes": size,
+        "count": size // 4,
+        "root": 0,
+        "time_us": time_s * 1e6,
+    }
+
+
+def _synthetic(noise: float = 0.0, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for algorithm in ("naive", "ring"):
+        for size in [1 << k for k in range(10, 27, 2)]:
+            c = cost("all_reduce", algorithm, 4, size // 4, 4)
+            t = c.time_s(ALPHA, BETA) * (1 + rng.uniform(-noise, noise))
+            out.append(_record(algorithm, 4, size, t))
+    return out
+
+
+def test_fit_recovers_known_alpha_and_beta():
+    model = alphabeta.fit(alphabeta.points(_synthetic()))
+    assert model.alpha_s == pytest.approx(ALPHA, rel=1e-6)
+    assert model.beta_s_per_byte == pytest.approx(BETA, rel=1e-6)
+    assert model.gbps == pytest.approx(0.125)
+    assert all(abs(r.error) < 1e-6 for r in alphabeta.compare(alphabeta.points(_synthetic()), model))
+
+
+def test_fit_with_noise_stays_close_and_predicts_within_ten_percent():
+    pts = alphabeta.points(_synthetic(noise=0.05, seed=3))
+    model = alphabeta.fit(pts)
+    assert model.alpha_s == pytest.approx(ALPHA, rel=0.15)
+    assert model.beta_s_per_byte == pytest.approx(BETA, rel=0.05)
+    rows = alphabeta.compare(pts, model)
+    assert rows and all(r.size_bytes >= 1 << 20 for r in rows)
+    assert all(abs(r.error) < 0.10 for r in rows)
+
+
+def test_pure_bandwidth_data_fits_zero_alpha():
+    pts = [Point(collective="x", algorithm="a", size_bytes=s, steps=2, critical_bytes=s, time_s=s * BETA)
+           for s in (1 << 20, 1 << 22, 1 << 24)]
+    model = alphabeta.fit(pts)
+    assert model.alpha_s == pytest.approx(0.0, abs=1e-9)
+    assert model.beta_s_per_byte == pytest.approx(BETA, rel=1e-6)
+
+
+def test_negative_latency_is_clamped_to_zero():
+    # Times that fall faster than the bytes would need a negative alpha: the fit keeps alpha >= 0.
+    pts = [Point(collective="x", algorithm="a", size_bytes=s, steps=1, critical_bytes=s,
+                 time_s=s * BETA - 1e-4) for s in (1 << 20, 1 << 22, 1 << 24)]
+    model = alphabeta.fit(pts)
+    assert model.alpha_s == 0.0 and model.beta_s_per_byte > 0
+
+
+def test_points_price_records_and_skip_what_the_model_cannot():
+    records = [
+        {"type": "header"},
+        _record("ring", 4, 1 << 20, 0.01),
+        _record("p2p", 4, 1 << 20, 0.008, collective="sendrecv"),
+        _record("nosuch", 4, 1 << 20, 0.01),
+    ]
+    pts = alphabeta.points(records)
+    assert [p.algorithm for p in pts] == ["ring", "limit"]
+    ring = cost("all_reduce", "ring", 4, (1 << 18), 4)
+    assert (pts[0].steps, pts[0].critical_bytes) == (ring.steps, ring.critical_bytes)
+    assert (pts[1].steps, pts[1].critical_bytes) == (1, 1 << 20)
+
+
+def test_bad_input_raises_value_error():
+    with pytest.raises(ValueError, match="at least 2 points"):
+        alphabeta.fit(alphabeta.points(_synthetic())[:1])
+    with pytest.raises(ValueError, match="time"):
+        Point(collective="x", algorithm="a", size_bytes=1, steps=1, critical_bytes=1, time_s=0.0)
+    with pytest.raises(ValueError, match="alpha_s"):
+        AlphaBeta(alpha_s=-1.0, beta_s_per_byte=0.0, points=2)
+
+
+def test_table_lists_each_point_with_its_error():
+    pts = alphabeta.points(_synthetic())
+    model = alphabeta.fit(pts)
+    text = alphabeta.table(model, alphabeta.compare(pts, model))
+    assert "alpha = 250.0 us per step" in text
+    assert text.count("naive") == text.count("ring") == 4  # 1, 4, 16, 64 MiB

@@ -1,0 +1,308 @@
+"""The emulated cluster: pure parts everywhere; real namespaces where root and iproute2 are here.
+
+The privileged tests build real clusters (namespaces, veths, a bridge, tbf qdiscs) and check the
+per-host bytes against the cost model, and that nothing is left behind after a normal run, a
+killed rank, or SIGTERM to the cluster command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from commbench.bench import cli, cluster, netns
+from commbench.bench.netns import Shaping, Topology
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _privileged() -> str | None:
+    if sys.platform != "linux":
+        return "network namespaces are Linux only"
+    reason = netns.missing_privilege(euid=os.geteuid(), cap_eff=netns._cap_eff(), which=shutil.which)
+    if reason is None and not Path("/proc/self/ns/net").exists():
+        reason = "no network namespaces in this kernel"
+    return reason
+
+
+PRIVILEGED = _privileged()
+needs_privileges = pytest.mark.skipif(PRIVILEGED is not None, reason=f"cluster: {PRIVILEGED}")
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+@pytest.mark.parametrize(
+    "text, bits",
+    [("1gbit", 10**9), ("100mbit", 10**8), ("2.5Gbit", 25 * 10**8), ("64kbit", 64000), ("9000bit", 9000)],
+)
+def test_parse_rate(text, bits):
+    assert netns.parse_rate(text) == bits
+
+
+@pytest.mark.parametrize("text", ["1gbps", "fast", "1", "-1gbit", "1 gigabit", "1kbit"])
+def test_parse_rate_rejects(text):
+    with pytest.raises(ValueError):
+        netns.parse_rate(text)
+
+
+def test_parse_time_and_percent():
+    assert netns.parse_time_us("100us") == 100.0
+    assert netns.parse_time_us("2ms") == 2000.0
+    assert netns.parse_time_us("0.5s") == 500000.0
+    assert netns.parse_percent("0.1%") == 0.1
+    for bad, fn in (("100", netns.parse_time_us), ("1h", netns.parse_time_us), ("101%", netns.parse_percent)):
+        with pytest.raises(ValueError):
+            fn(bad)
+
+
+def test_shaping_qdiscs_and_validation():
+    plain = Shaping(rate_bit=10**9)
+    assert plain.burst == 131072  # two 64 KiB segments; 1 ms of 1 Gbit/s is less
+    assert Shaping(rate_bit=10**10).burst == 1_250_000  # 1 ms of 10 Gbit/s
+    assert plain.qdisc_args() == [
+        ["root", "handle", "1:", "tbf", "rate", "1000000000bit", "burst", "131072", "latency", "10.0ms"]
+    ]
+    delayed = Shaping(rate_bit=10**9, delay_us=100, jitter_us=10, loss_percent=0.5)
+    assert delayed.needs_netem and not plain.needs_netem
+    root, child = delayed.qdisc_args()
+    assert root[:4] == ["root", "handle", "1:", "netem"]
+    assert root[4:] == ["delay", "100us", "10us", "loss", "0.5%"]
+    assert child[:5] == ["parent", "1:1", "handle", "10:", "tbf"]
+    with pytest.raises(ValueError, match="jitter needs a delay"):
+        Shaping(jitter_us=5)
+    with pytest.raises(ValueError, match="burst"):
+        Shaping(burst_bytes=100)
+    with pytest.raises(ValueError, match="loss"):
+        Shaping(loss_percent=200)
+
+
+def test_topology_names_addresses_and_rank_order():
+    topo = Topology(hosts=netns.MAX_HOSTS, owner=4242)
+    assert topo.namespace(3) == "commbench-4242-h3" and topo.switch == "commbench-4242-sw"
+    addresses = [topo.address(i) for i in range(topo.hosts)]
+    # The c10d rendezvous gives node ranks in the sorted order of the node address text.
+    assert sorted(addresses) == addresses
+    assert all(a.startswith("198.18.") for a in addresses)
+    with pytest.raises(ValueError, match="hosts"):
+        Topology(hosts=0, owner=1)
+
+
+def test_stale_and_owned_namespaces():
+    names = ["commbench-10-h0", "commbench-10-sw", "commbench-20-h0", "other", "commbench-x-h0"]
+    assert netns.stale(names, alive=lambda pid: pid == 20) == ["commbench-10-h0", "commbench-10-sw"]
+    assert netns.owned(names, 20) == ["commbench-20-h0"]
+
+
+def test_missing_privilege_is_reported_in_one_line():
+    have = {"ip": "/sbin/ip", "tc": "/sbin/tc"}.get
+    assert netns.missing_privilege(euid=0, cap_eff=0, which=have) is None
+    caps = (1 << netns.CAP_NET_ADMIN) | (1 << netns.CAP_SYS_ADMIN)
+    assert netns.missing_privilege(euid=1000, cap_eff=caps, which=have) is None
+    reason = netns.missing_privilege(euid=1000, cap_eff=1 << netns.CAP_NET_ADMIN, which=have)
+    assert reason and "root" in reason and "\n" not in reason
+    reason = netns.missing_privilege(euid=0, cap_eff=0, which=lambda tool: None)
+    assert reason and "iproute2" in reason
+
+
+def test_privilege_failure_is_exit_2_with_one_line(monkeypatch, capsys):
+    def refuse() -> None:
+        raise ValueError("the cluster needs root (simulated)")
+
+    args = cli.build_parser().parse_args(["cluster", "--hosts", "2", "--", "sweep", "-b", "1K", "-e", "1K"])
+    with pytest.raises(ValueError, match="simulated"):
+        cluster.run(args, privileges=refuse)
+    monkeypatch.setattr(netns, "check_privileges", refuse)
+    assert cli.main(["cluster", "--hosts", "2", "--", "sweep", "-b", "1K", "-e", "1K"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "needs root" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--hosts", "0", "--", "sweep"], "--hosts must be in 1.."),
+        (["--hosts", "2", "--rate", "1gbps", "--", "sweep"], "bad rate"),
+        (["--hosts", "2", "--", "sweep", "--world-size", "4"], "--world-size is set by the cluster"),
+        (["--hosts", "2", "--", "sweep", "--world-size=4"], "--world-size is set by the cluster"),
+        (["--hosts", "2"], "no command after '--'"),
+        (["--hosts", "2", "--", "summary", "x"], "not 'summary'"),
+        (["--hosts", "2", "--jitter", "5us", "--", "sweep"], "jitter needs a delay"),
+        (["--hosts", "2", "--", "sweep", "-b", "nope"], "not a size"),
+    ],
+)
+def test_bad_input_is_exit_2_with_one_line(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(netns, "check_privileges", lambda: pytest.fail("built a cluster from bad input"))
+    assert cli.main(["cluster", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.strip().count("\n") == 0
+
+
+def test_failure_text_and_first_failure():
+    killed = "...\n  exitcode  : -9 (pid: 77)\n  traceback : Signal 9 (SIGKILL) received by PID 77\n"
+    raised = "Traceback (most recent call last):\n  File x\nRuntimeError: Connection closed by peer\n"
+    bad = "commbench: error: unknown algorithm 'x'\n"
+    assert cluster.failure_text(killed, 1) == "killed by SIGKILL"
+    assert cluster.failure_text(raised, 1) == "RuntimeError: Connection closed by peer"
+    assert cluster.failure_text(bad, 2) == "error: unknown algorithm 'x'"
+    assert cluster.failure_text("", 3) == "exited with code 3"
+    # The killed rank is the cause even when its peers' errors were seen first.
+    first = cluster.first_failure({0: (1.0, "RuntimeError: closed"), 2: (1.2, "killed by SIGKILL")})
+    assert (first.rank, str(first)) == (2, "rank 2 failed: killed by SIGKILL")
+    first = cluster.first_failure({1: (2.0, "killed by SIGTERM"), 0: (2.5, "ValueError: x")})
+    assert first.rank == 0
+
+
+def test_computed_bytes_counts_every_call_of_every_point():
+    rec = {
+        "type": "sweep",
+        "warmup": 2,
+        "iters": 5,
+        "computed_sent_bytes_per_rank": [30, 10, 10, 10],
+        "computed_recv_bytes_per_rank": [30, 10, 10, 10],
+    }
+    tx, rx = cluster.computed_bytes([{"type": "header"}, rec, rec], 4, calls_extra=1)
+    assert tx == [2 * 8 * 30, 160, 160, 160] and rx == tx
+    assert cluster.computed_bytes([{"type": "header"}], 4, 0) is None
+
+
+# ---------------------------------------------------------------- real clusters
+
+
+def _ours(owner: int) -> list[str]:
+    return netns.owned(netns.namespaces(), owner)
+
+
+def _root_state() -> tuple[set[str], set[str]]:
+    """Interface names, and the shaping qdiscs, of this (the root) namespace."""
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+    names = {m.group(1) for m in re.finditer(r"^\d+: ([^:@]+)", links, re.M)}
+    return names, {line for line in qdiscs.splitlines() if re.search(r"qdisc (tbf|netem)", line)}
+
+
+def _assert_clean(owner: int, before: tuple[set[str], set[str]]) -> None:
+    assert _ours(owner) == [], "namespaces left behind"
+    assert _root_state() == before, "interfaces or qdiscs changed outside the namespaces"
+    tag = f"commbench-{owner}"
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if tag in " ".join(p.info["cmdline"] or [])]
+    assert left == [], f"processes of the run still alive: {left}"
+
+
+@needs_privileges
+def test_three_hosts_bytes_per_host_match_the_cost_model(tmp_path, capfd):
+    """naive: rank 0 moves (n-1)x what the others move; ring: balanced; measured at the switch."""
+    before = _root_state()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    stale = f"commbench-{int(dead.stdout)}-h0"  # as a crashed earlier run leaves it
+    subprocess.run(["ip", "netns", "add", stale], check=True)
+    out = tmp_path / "c3.jsonl"
+    argv = ["cluster", "--hosts", "3", "--rate", "500mbit", "--", "sweep", "-a", "naive,ring"]
+    argv += ["-b", "256K", "-e", "1M", "-f", "4", "-n", "3", "-w", "1", "--no-limit", "--json", str(out)]
+    code = cli.main(argv)
+    captured = capfd.readouterr()
+    assert code == 0, captured.err[-2000:]
+    _assert_clean(os.getpid(), before)
+    assert stale not in netns.namespaces(), "a dead run's namespace was not removed at start"
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    sweep = [r for r in records if r.get("type") == "sweep"]
+    assert {r["world_size"] for r in sweep} == {3} and all(r["wrong"] == 0 for r in sweep)
+    (rec,) = [r for r in records if r.get("type") == "cluster"]
+    assert rec["link_rate_gbps"] == 0.5 and rec["tc"]["rate_bit"] == 5 * 10**8
+    hosts = rec["hosts"]
+    assert [h["address"] for h in hosts] == ["198.18.0.100", "198.18.0.101", "198.18.0.102"]
+    slack = 300_000  # rendezvous, store, barriers and timing all-reduces
+    for h in hosts:
+        for way in ("tx", "rx"):
+            measured, computed = h[f"{way}_bytes"], h[f"computed_{way}_bytes"]
+            # Frames carry headers (at most ~5% at MTU 1500; less as counted with offload) and ACKs.
+            assert 0.99 * computed <= measured <= 1.06 * computed + slack, (h, way)
+    tx = [h["tx_bytes"] for h in hosts]
+    ctx = [h["computed_tx_bytes"] for h in hosts]
+    # What rank 0 moves beyond the others is naive's (n-1)x - 1x: as computed, within 6%.
+    assert (tx[0] - tx[1]) == pytest.approx(ctx[0] - ctx[1], rel=0.06)
+    assert ctx[0] - ctx[1] > 0.2 * ctx[1]
+    assert abs(tx[1] - tx[2]) < 0.01 * tx[1]  # the non-roots (and ring everywhere) are balanced
+    assert "# cluster: 3 hosts" in captured.out and "alpha-beta fit" in captured.out
+    per_iter = [r for r in sweep if r.get("hosts")]
+    for r in per_iter:  # where the sweep counted bytes per iteration itself (COMMBENCH_NIC)
+        moved = {h["rank"]: h["tx_bytes"] + h["rx_bytes"] for h in r["hosts"]}
+        if r["algorithm"] == "naive":
+            assert moved[0] == pytest.approx(2 * moved[1], rel=0.1)
+        else:
+            assert moved[0] == pytest.approx(moved[1], rel=0.1) == pytest.approx(moved[2], rel=0.1)
+
+
+@needs_privileges
+def test_delay_without_netem_fails_in_one_line_or_runs(capfd):
+    before = _root_state()
+    argv = ["cluster", "--hosts", "1", "--delay", "100us", "--", "sweep", "-b", "1K", "-e", "1K", "-n", "1"]
+    code = cli.main(argv + ["-w", "0", "--no-limit", "--no-probe", "-q"])
+    err = capfd.readouterr().err
+    if "netem" in err:
+        assert code == 2 and err.strip().count("\n") == 0
+    else:  # a kernel with netem runs it
+        assert code == 0, err[-2000:]
+    _assert_clean(os.getpid(), before)
+
+
+def _start(hosts: int) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "commbench", "cluster", "--hosts", str(hosts), "--rate", "100mbit", "--"]
+    argv += ["sweep", "-a", "ring", "-b", "4M", "-e", "4M", "-n", "1000", "-w", "0", "--no-limit", "-c", "0"]
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _rank_process(owner: int, host: int, timeout_s: float = 120) -> int:
+    """The rank (the launcher's child) running in host ``host`` of the run of ``owner``."""
+    deadline = time.monotonic() + timeout_s
+    ns = f"commbench-{owner}-h{host}"
+    while time.monotonic() < deadline:
+        if ns in netns.namespaces():
+            for pid in netns.pids_in(ns):
+                try:
+                    cmd = psutil.Process(pid).cmdline()
+                except psutil.Error:
+                    continue
+                if "commbench" in cmd and "torch.distributed.run" not in cmd:
+                    return pid
+        time.sleep(0.2)
+    raise AssertionError(f"no rank process appeared in {ns}")
+
+
+@needs_privileges
+def test_killed_rank_fails_the_run_by_name_and_cleans_up():
+    before = _root_state()
+    proc = _start(2)
+    try:
+        os.kill(_rank_process(proc.pid, 1), signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert "rank 1 failed: killed by SIGKILL" in err, err[-2000:]
+    _assert_clean(proc.pid, before)
+
+
+@needs_privileges
+def test_sigterm_stops_the_run_and_cleans_up():
+    before = _root_state()
+    proc = _start(2)
+    try:
+        _rank_process(proc.pid, 0)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "interrupted" in err
+    _assert_clean(proc.pid, before)
