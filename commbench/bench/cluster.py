@@ -112,6 +112,9 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="token-bucket size, bytes or with a K/M suffix (2^10, 2^20; default 1 ms of the rate, >= 128K)",
     )
+    p.add_argument(
+        "--mtu", type=int, default=1500, help="MTU of every link (default 1500; 9000: jumbo frames)"
+    )
     p.add_argument("--queue", default="10ms", help="longest wait in a link queue, then drop (default 10ms)")
     p.add_argument("--delay", default=None, help="one-way delay of each link direction, e.g. 100us (netem)")
     p.add_argument("--jitter", default=None, help="delay variation, e.g. 20us (netem; needs --delay)")
@@ -133,6 +136,7 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
         delay_us=netns.parse_time_us(args.delay) if args.delay else 0.0,
         jitter_us=netns.parse_time_us(args.jitter) if args.jitter else 0.0,
         loss_percent=netns.parse_percent(args.loss) if args.loss else 0.0,
+        mtu=args.mtu,
     )
     return ClusterConfig(hosts=args.hosts, shaping=shaping, inner=tuple(inner))
 
@@ -485,7 +489,7 @@ def report(config: ClusterConfig, hosts: Sequence[HostTraffic], records: Sequenc
     extra = "".join(f", {name} {value:g}{unit}" for name, value, unit in netem if value)
     parts = [
         f"\n# cluster: {config.hosts} hosts, links {s.link_gbps:g} Gbit/s each way "
-        f"(tbf burst {s.burst} B, queue {s.queue_ms:g} ms{extra})",
+        f"(MTU {s.mtu}, tbf burst {s.burst} B, queue {s.queue_ms:g} ms{extra})",
         traffic_table(hosts, "whole run, counted at each host's switch port (frames)"),
     ]
     if table := per_point_tables(records):

@@ -68,7 +68,8 @@ class Shaping:
     ``rate_bit`` is the token-bucket rate (bits/s of Ethernet frames); ``burst_bytes`` its bucket
     (None: 1 ms of the rate, at least 128 KiB: two 64 KiB offload segments, so that a late timer
     does not waste tokens, while an idle link can only run ahead by about a millisecond);
-    ``queue_ms`` how long a packet may wait before it is dropped. Delay, jitter and loss
+    ``queue_ms`` how long a packet may wait before it is dropped; ``mtu`` the links' MTU (9000 for
+    jumbo frames, which carry 99.3% payload against 95.6% at 1500). Delay, jitter and loss
     need the netem qdisc and apply to each direction of each link, so host to host crosses two.
     """
 
@@ -78,8 +79,11 @@ class Shaping:
     delay_us: float = 0.0
     jitter_us: float = 0.0
     loss_percent: float = 0.0
+    mtu: int = 1500
 
     def __post_init__(self) -> None:
+        if not 576 <= self.mtu <= 65535:
+            raise ValueError(f"MTU must be between 576 and 65535 bytes, got {self.mtu}")
         if self.rate_bit < 8000:
             raise ValueError(f"rate must be >= 8000 bit/s, got {self.rate_bit}")
         if self.burst_bytes is not None and self.burst_bytes < 2048:
@@ -128,6 +132,7 @@ class Shaping:
             "delay_us": self.delay_us,
             "jitter_us": self.jitter_us,
             "loss_percent": self.loss_percent,
+            "mtu": self.mtu,
         }
 
 
@@ -271,6 +276,8 @@ def create(topo: Topology, shaping: Shaping) -> None:
         ns, port = topo.namespace(i), topo.port(i)
         _run(["ip", "netns", "add", ns])
         _run(["ip", "link", "add", NIC, "netns", ns, "type", "veth", "peer", "name", port, "netns", sw])
+        _run(["ip", "-n", ns, "link", "set", NIC, "mtu", str(shaping.mtu)])
+        _run(["ip", "-n", sw, "link", "set", port, "mtu", str(shaping.mtu)])
         _run(["ip", "-n", sw, "link", "set", port, "addrgenmode", "none", "master", BRIDGE])
         _run(["ip", "-n", ns, "link", "set", NIC, "addrgenmode", "none"])
         _run(["ip", "-n", ns, "addr", "add", f"{topo.address(i)}/{prefix}", "dev", NIC])
