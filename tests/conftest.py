@@ -5,9 +5,10 @@ import pytest
 from tests.world import World
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def worlds():
-    """Gloo worlds of 1 to 5 CPU ranks, started on first use and kept for the session."""
+    """Gloo worlds of 1 to 5 CPU ranks, started on first use and kept for the module (idle ranks
+    and their launchers are not left polling while later modules run)."""
     from tests.cases import run_case
 
     started: dict[int, World] = {}

@@ -134,6 +134,7 @@ def test_sweep_writes_table_json_csv_and_plot(tmp_path):
     rows = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert len(rows) == len(records)
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "r-timeline.png").read_bytes()[:4] == b"\x89PNG"  # the probe timeline
 
 
 def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_path):
@@ -228,6 +229,7 @@ def test_sendrecv_defaults_to_its_only_algorithm(tmp_path):
             "-e",
             "4K",
             *SMALL,
+            "--no-probe",
             "--json",
             str(tmp_path / "r.jsonl"),
         ]
@@ -235,4 +237,6 @@ def test_sendrecv_defaults_to_its_only_algorithm(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()[1:]]
     records = [r for r in lines if r["type"] == "sweep"]
+    assert records == lines  # --no-probe: no timeline record, and no counted bytes
+    assert all(r["measured_wire_bytes"] is None and r["hosts"] is None for r in records)
     assert [(r["collective"], r["algorithm"], r["wrong"]) for r in records] == [("sendrecv", "p2p", 0)]

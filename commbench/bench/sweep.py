@@ -309,7 +309,13 @@ def _count_wire(
         b.input.copy_(b.reference)
         sp.run(b, algo, config.op, config.root, None, workspace)
 
-    return counter.count(once, config.probe_iters, sent, recv, size_bytes)
+    counted = counter.count(once, config.probe_iters, sent, recv, size_bytes)
+    if counted.wire_check is not None and not counted.wire_check.startswith("not judged"):
+        # Loopback is shared with everything else on the machine: a count disturbed by someone
+        # else's traffic is taken once more, and the second count stands. A real disagreement with
+        # the cost model repeats itself and stays flagged.
+        counted = counter.count(once, config.probe_iters, sent, recv, size_bytes)
+    return counted
 
 
 def _wire_fields(counted) -> dict:
@@ -338,6 +344,7 @@ class Rank0Output:
         self.bar = None
         self.pending: list[SweepRecord] = []
         self.probe = None
+        self.probe_record: dict | None = None
         if config.probe:
             from commbench.bench.probing import RunProbe
 
@@ -391,7 +398,7 @@ class Rank0Output:
             if self.probe is not None:
                 from commbench.bench.probing import overhead_line
 
-                record = self.probe.finish()
+                record = self.probe_record = self.probe.finish()
                 self.writer.write(record)
                 if not self.config.quiet:
                     print(overhead_line(record), flush=True)
