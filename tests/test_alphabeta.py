@@ -57,8 +57,10 @@ def test_fit_with_noise_stays_close_and_predicts_within_ten_percent():
 
 
 def test_pure_bandwidth_data_fits_zero_alpha():
-    pts = [Point(collective="x", algorithm="a", size_bytes=s, steps=2, critical_bytes=s, time_s=s * BETA)
-           for s in (1 << 20, 1 << 22, 1 << 24)]
+    pts = [
+        Point(collective="x", algorithm="a", size_bytes=s, steps=2, critical_bytes=s, time_s=s * BETA)
+        for s in (1 << 20, 1 << 22, 1 << 24)
+    ]
     model = alphabeta.fit(pts)
     assert model.alpha_s == pytest.approx(0.0, abs=1e-9)
     assert model.beta_s_per_byte == pytest.approx(BETA, rel=1e-6)
@@ -66,8 +68,10 @@ def test_pure_bandwidth_data_fits_zero_alpha():
 
 def test_negative_latency_is_clamped_to_zero():
     # Times that fall faster than the bytes would need a negative alpha: the fit keeps alpha >= 0.
-    pts = [Point(collective="x", algorithm="a", size_bytes=s, steps=1, critical_bytes=s,
-                 time_s=s * BETA - 1e-4) for s in (1 << 20, 1 << 22, 1 << 24)]
+    pts = [
+        Point(collective="x", algorithm="a", size_bytes=s, steps=1, critical_bytes=s, time_s=s * BETA - 1e-4)
+        for s in (1 << 20, 1 << 22, 1 << 24)
+    ]
     model = alphabeta.fit(pts)
     assert model.alpha_s == 0.0 and model.beta_s_per_byte > 0
 

@@ -152,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     from commbench.bench import cluster
 
     cluster.add_parser(sub)
+    from commbench.bench import profile, reporting, study
+
+    reporting.add_parser(sub)
+    study.add_parser(sub)
+    profile.add_parser(sub)
     return parser
 
 
@@ -226,9 +231,12 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None) -> list[dict]:
     if sink is not None and plot_path:
         from commbench.bench.report import plot_busbw
 
-        plot_busbw(
-            rows, plot_path, f"{config.collective}, {dist.get_world_size()} ranks, {dist.get_backend()}"
-        )
+        title = f"{config.collective}, {dist.get_world_size()} ranks, {dist.get_backend()}"
+        plot_busbw(rows, plot_path, title)
+        if sink.probe_record is not None:
+            from commbench.bench.report import plot_probe_timeline, timeline_path
+
+            plot_probe_timeline(sink.probe_record, timeline_path(plot_path), title)
     return rows
 
 
@@ -288,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_sweep(sweep_config(args), launch_spec(args), args.plot)
         if args.command == "summary":
             return cmd_summary(args.files)
+        if args.command in ("report", "study", "profile"):
+            from commbench.bench import profile, reporting, study
+
+            return {"report": reporting.run, "study": study.run, "profile": profile.run}[args.command](args)
         if args.command == "cluster":
             from commbench.bench import cluster
 

@@ -241,6 +241,10 @@ def _train_rank(config: Any, device: str) -> list[dict]:
         from commbench.bench.report import plot_training
 
         plot_training(epochs, rows, *plot_paths(config.plot_path))
+        if probe_record is not None:
+            from commbench.bench.report import plot_probe_timeline, timeline_path
+
+            plot_probe_timeline(probe_record, timeline_path(config.plot_path), config.model)
     return rows
 
 
@@ -254,6 +258,8 @@ def cmd_train(config: Any, spec: Any) -> int:
             raise ValueError(f"strategy {s} runs in one process: use --world-size 1")
         if s in CUDA_ONLY and spec.device != "cuda":
             raise ValueError(f"strategy {s} needs --device cuda")
+    if config.batch_size == 0 and spec.device != "cuda":
+        raise ValueError("searching the largest batch (--batch-size 0) needs --device cuda")
     for path in (config.json_path, config.plot_path):
         if path:
             check_writable(path)

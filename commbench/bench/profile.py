@@ -1,0 +1,510 @@
+"""``commbench profile -- <command>``: sample every rank of a commbench run with py-spy.
+
+The inner command runs as ``python -m commbench ...``; as its ranks appear (the elastic launcher's
+spawned children, or processes with RANK in their environment under torchrun and the emulated
+cluster) one ``py-spy record`` attaches to each and writes its collapsed stacks. Each rank's main
+thread is then split into communication, compute and elsewhere by the frames on its stacks, and
+the profile is also written in the format asked for (speedscope JSON or a flame graph SVG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import html
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+FORMATS = ("speedscope", "flamegraph")
+CATEGORIES = ("communication", "compute", "elsewhere")
+POLL_S = 0.05
+STOP_GRACE_S = 20.0
+
+# Frames that mean "waiting for or moving bytes": commbench's collectives and sync strategies, torch's
+# collectives and work handles, and the backends' native code.
+COMM_PATTERNS = (
+    "commbench/comm/",
+    "comm/ring.py",
+    "comm/naive.py",
+    "comm/tree.py",
+    "comm/recursive.py",
+    "comm/pipeline.py",
+    "comm/p2p.py",
+    "comm/builtin.py",
+    "distributed_c10d.py",
+    "c10d_logger.py",
+    "Work.wait",
+    "wait (",
+    "gloo",
+    "nccl",
+    "c10d::",
+    "ProcessGroup",
+    "all_reduce",
+    "allreduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "barrier",
+    "send (",
+    "recv (",
+)
+# Setup (imports, joining and leaving the group) is neither, even where it runs torch code.
+SETUP_PATTERNS = (
+    "init_process_group",
+    "rendezvous",
+    "destroy_process_group",
+    "_store_based_barrier",
+    "_find_and_load",
+    "<frozen importlib",
+)
+COMPUTE_PATTERNS = (
+    "forward (",
+    "_call_impl",
+    "_wrapped_call_impl",
+    "torch/nn/",
+    "torch/autograd/",
+    "backward (",
+    "torch/optim/",
+    "torch/_tensor.py",
+    "torch/functional.py",
+    "commbench/kernels/",
+    "kernels/reduce.py",
+    "kernels/compute.py",
+    "kernels/bucket.py",
+    "at::native",
+    "at::_ops",
+    "autograd::",
+    "mkl",
+    "dnnl",
+    "gemm",
+    "sleef",
+    "libtorch_cpu",
+    "libcublas",
+    "libcudnn",
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProfileConfig:
+    """``commbench profile``: the inner command and how to sample it."""
+
+    inner: tuple[str, ...]
+    out_dir: str = "profile"
+    rate_hz: int = 100
+    format: str = "speedscope"
+    native: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.inner:
+            raise ValueError("no command after '--' (e.g. commbench profile -- compare --world-size 2)")
+        if self.inner[0] in ("profile", "study", "report"):
+            raise ValueError(
+                f"profile runs sweep, train, compare, cluster and the like, not {self.inner[0]!r}"
+            )
+        if not 1 <= self.rate_hz <= 10000:
+            raise ValueError(f"--rate must be in 1..10000 samples per second, got {self.rate_hz}")
+        if self.format not in FORMATS:
+            raise ValueError(f"unknown format {self.format!r}; choose from {', '.join(FORMATS)}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankProfile:
+    """One rank's samples (main thread) split by category, and the files written for it."""
+
+    rank: int
+    pid: int
+    samples: int
+    communication: int
+    compute: int
+    elsewhere: int
+    native: bool
+    raw_path: str
+    profile_path: str | None
+    top: dict[str, list[tuple[str, int]]]
+
+    def share(self, category: str) -> float:
+        return getattr(self, category) / self.samples if self.samples else 0.0
+
+
+# ---- py-spy ---------------------------------------------------------------------------------
+
+
+def find_py_spy() -> str | None:
+    """py-spy beside this interpreter, else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("py-spy")
+
+
+def check_py_spy(py_spy: str | None) -> None:
+    """Raise ValueError (one line) unless py-spy exists and may attach to a process of ours."""
+    if py_spy is None:
+        raise ValueError("py-spy not found (pip install py-spy); it is needed to profile the ranks")
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.3)
+        done = subprocess.run(
+            [py_spy, "dump", "--pid", str(target.pid)], capture_output=True, text=True, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        raise ValueError("py-spy did not answer within 30 s when attaching to a test process") from None
+    finally:
+        target.kill()
+        target.wait()
+    if done.returncode != 0:
+        text = (done.stderr or done.stdout).strip().splitlines()
+        reason = text[-1] if text else f"exit code {done.returncode}"
+        hint = ""
+        if "ermission" in reason or "ptrace" in reason.lower():
+            hint = (
+                " (ptrace not permitted: run as root, add CAP_SYS_PTRACE, or set kernel.yama.ptrace_scope=0)"
+            )
+        raise ValueError(f"py-spy cannot attach to processes here: {reason}{hint}")
+
+
+def _rank_of(proc: Any, top_pid: int) -> int | None:
+    """The rank a process runs, or None if it is no rank (launcher, agent, resource tracker)."""
+    import psutil
+
+    try:
+        if proc.pid == top_pid:
+            return None
+        env = proc.environ()
+        if "RANK" in env and "LOCAL_RANK" in env:
+            cmd = " ".join(proc.cmdline())
+            if "torch.distributed.run" in cmd or "torchrun" in cmd:
+                return None
+            return int(env["RANK"])
+        cmd = " ".join(proc.cmdline())
+    except (psutil.Error, ValueError):
+        return None
+    if "spawn_main" in cmd and "resource_tracker" not in cmd:
+        return -1  # a launcher's spawned rank: numbered by pid order among its siblings
+    return None
+
+
+def _discover(top: Any, top_pid: int) -> dict[int, int]:
+    """{pid: rank} for the rank processes under ``top`` right now."""
+    import psutil
+
+    try:
+        children = top.children(recursive=True)
+    except psutil.Error:
+        return {}
+    found: dict[int, int] = {}
+    spawned: dict[int, list[int]] = {}
+    for c in children:
+        rank = _rank_of(c, top_pid)
+        if rank is None:
+            continue
+        if rank >= 0:
+            found[c.pid] = rank
+        else:
+            try:
+                spawned.setdefault(c.ppid(), []).append(c.pid)
+            except psutil.Error:
+                continue
+    for pids in spawned.values():
+        for i, pid in enumerate(sorted(pids)):
+            found.setdefault(pid, i)
+    return found
+
+
+def _record_cmd(py_spy: str, pid: int, rate: int, native: bool, out: Path) -> list[str]:
+    cmd = [py_spy, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--idle"]
+    cmd += ["--threads", "--output", str(out)]
+    return cmd + (["--native"] if native else [])
+
+
+@dataclasses.dataclass
+class _Recorder:
+    rank: int
+    pid: int
+    raw: Path
+    proc: subprocess.Popen
+    native: bool
+    log: Path
+
+
+def profile_command(config: ProfileConfig, py_spy: str) -> tuple[int, list[_Recorder]]:
+    """Run the inner command and record each of its ranks; returns its exit code and the recorders."""
+    import psutil
+
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    inner = subprocess.Popen([sys.executable, "-m", "commbench", *config.inner])
+    top = psutil.Process(inner.pid)
+    recorders: dict[int, _Recorder] = {}
+    try:
+        while inner.poll() is None:
+            for pid, rank in _discover(top, inner.pid).items():
+                if pid not in recorders:
+                    recorders[pid] = _start(py_spy, config, out, rank, pid, config.native)
+            for pid, rec in list(recorders.items()):  # --native unsupported: again without it
+                if rec.native and rec.proc.poll() not in (None, 0) and psutil.pid_exists(pid):
+                    recorders[pid] = _start(py_spy, config, out, rec.rank, pid, False)
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        inner.terminate()
+        inner.wait(timeout=STOP_GRACE_S)
+        raise
+    finally:
+        deadline = time.monotonic() + STOP_GRACE_S
+        for rec in recorders.values():
+            try:
+                rec.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                rec.proc.terminate()  # py-spy writes what it has on SIGTERM
+                rec.proc.wait(timeout=5)
+    return inner.returncode, sorted(recorders.values(), key=lambda r: r.rank)
+
+
+def _start(py_spy: str, config: ProfileConfig, out: Path, rank: int, pid: int, native: bool) -> _Recorder:
+    raw = out / f"rank{rank}-pid{pid}.txt"
+    log = out / f"rank{rank}-pid{pid}.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(_record_cmd(py_spy, pid, config.rate_hz, native, raw), stdout=f, stderr=f)
+    return _Recorder(rank=rank, pid=pid, raw=raw, proc=proc, native=native, log=log)
+
+
+# ---- collapsed stacks -----------------------------------------------------------------------
+
+
+def parse_collapsed(lines: Iterable[str]) -> list[tuple[list[str], int]]:
+    """(frames root first, count) per line of py-spy's raw (collapsed) output."""
+    stacks = []
+    for line in lines:
+        line = line.rstrip("\n")
+        if not line.strip():
+            continue
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        stacks.append((stack.split(";"), int(count)))
+    return stacks
+
+
+def _main_thread(frames: Sequence[str]) -> bool:
+    """True for the rank's main thread: its stack starts at the interpreter's main entry."""
+    text = ";".join(frames[:6])
+    return "spawn_main" in text or "_run_module_as_main" in text or "<module>" in text
+
+
+def classify(frames: Sequence[str]) -> str:
+    """communication, compute or elsewhere, by the frames on one stack (innermost decides ties:
+    communication anywhere wins, as a collective inside a backward hook is still a collective)."""
+    text = ";".join(frames)
+    if any(p in text for p in SETUP_PATTERNS):
+        return "elsewhere"
+    if any(p in text for p in COMM_PATTERNS):
+        return "communication"
+    if any(p in text for p in COMPUTE_PATTERNS):
+        return "compute"
+    return "elsewhere"
+
+
+def _leaf(frames: Sequence[str]) -> str:
+    python = [f for f in frames if "(" in f and ".py" in f]
+    return (python[-1] if python else frames[-1]).strip()
+
+
+def summarise(rank: int, pid: int, raw: Path, native: bool, profile_path: str | None) -> RankProfile:
+    """Split one rank's main-thread samples into the three categories."""
+    stacks = parse_collapsed(raw.read_text().splitlines()) if raw.exists() else []
+    counts = dict.fromkeys(CATEGORIES, 0)
+    leaves: dict[str, dict[str, int]] = {c: {} for c in CATEGORIES}
+    for frames, n in stacks:
+        if not _main_thread(frames):
+            continue
+        category = classify(frames)
+        counts[category] += n
+        leaf = _leaf(frames)
+        leaves[category][leaf] = leaves[category].get(leaf, 0) + n
+    top = {c: sorted(v.items(), key=lambda kv: -kv[1])[:3] for c, v in leaves.items()}
+    return RankProfile(
+        rank=rank,
+        pid=pid,
+        samples=sum(counts.values()),
+        native=native,
+        raw_path=str(raw),
+        profile_path=profile_path,
+        top=top,
+        **counts,
+    )
+
+
+# ---- output formats -------------------------------------------------------------------------
+
+
+def write_speedscope(stacks: Sequence[tuple[list[str], int]], path: Path, name: str, rate_hz: int) -> None:
+    """The stacks as a speedscope 'sampled' profile (weights in seconds)."""
+    frames: dict[str, int] = {}
+    samples, weights = [], []
+    for stack, n in stacks:
+        samples.append([frames.setdefault(f, len(frames)) for f in stack])
+        weights.append(n / rate_hz)
+    doc = {
+        "$schema": "https://www.speedscope.app/file-format-schema.json",
+        "shared": {"frames": [{"name": f} for f in frames]},
+        "profiles": [
+            {
+                "type": "sampled",
+                "name": name,
+                "unit": "seconds",
+                "startValue": 0,
+                "endValue": sum(weights),
+                "samples": samples,
+                "weights": weights,
+            }
+        ],
+        "name": name,
+        "exporter": "commbench profile",
+    }
+    path.write_text(json.dumps(doc))
+
+
+def write_flamegraph(stacks: Sequence[tuple[list[str], int]], path: Path, title: str) -> None:
+    """A plain SVG flame graph: width = samples, root at the bottom, one colour per category."""
+    tree: dict[str, Any] = {"n": 0, "kids": {}}
+    for stack, n in stacks:
+        node = tree
+        node["n"] += n
+        for f in stack:
+            node = node["kids"].setdefault(f, {"n": 0, "kids": {}})
+            node["n"] += n
+    total = max(tree["n"], 1)
+    width, row = 1200.0, 16
+    rects: list[str] = []
+    depth_max = [0]
+    colours = {"communication": "#e4572e", "compute": "#4c9f70", "elsewhere": "#a0a0a0"}
+
+    def walk(node: dict[str, Any], x: float, depth: int, path_frames: list[str]) -> None:
+        for name, kid in node["kids"].items():
+            w = kid["n"] / total * width
+            frames = [*path_frames, name]
+            if w >= 0.3:
+                depth_max[0] = max(depth_max[0], depth)
+                colour = colours[classify(frames)]
+                label = html.escape(name if len(name) * 6.5 < w else name[: max(0, int(w / 6.5) - 2)] + "..")
+                tip = html.escape(f"{name} ({kid['n']} samples, {100 * kid['n'] / total:.1f}%)")
+                rects.append(
+                    f'<g><title>{tip}</title><rect x="{x:.2f}" y="{{y{depth}}}" width="{w:.2f}" '
+                    f'height="{row - 1}" fill="{colour}" rx="2"/>'
+                    + (f'<text x="{x + 2:.2f}" y="{{t{depth}}}">{label}</text>' if w > 20 else "")
+                    + "</g>"
+                )
+                walk(kid, x, depth + 1, frames)
+            x += w
+
+    walk(tree, 0.0, 0, [])
+    height = (depth_max[0] + 3) * row
+    body = "\n".join(rects)
+    for d in range(depth_max[0] + 1):
+        y = height - (d + 2) * row
+        body = body.replace(f"{{y{d}}}", str(y)).replace(f"{{t{d}}}", str(y + row - 4))
+    path.write_text(
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" '
+        f'font-family="monospace" font-size="11">\n<text x="4" y="14">{html.escape(title)} - red: '
+        f"communication, green: compute, grey: elsewhere</text>\n{body}\n</svg>\n"
+    )
+
+
+# ---- the command ----------------------------------------------------------------------------
+
+
+def run_profile(config: ProfileConfig, py_spy: str | None = None) -> tuple[int, list[RankProfile]]:
+    """Check py-spy, run and record, then summarise and convert each rank's profile."""
+    py_spy = py_spy or find_py_spy()
+    check_py_spy(py_spy)
+    assert py_spy is not None
+    code, recorders = profile_command(config, py_spy)
+    profiles = []
+    for rec in recorders:
+        stacks = parse_collapsed(rec.raw.read_text().splitlines()) if rec.raw.exists() else []
+        converted = None
+        if stacks:
+            name = f"rank {rec.rank} (pid {rec.pid}): commbench {' '.join(config.inner)}"
+            if config.format == "speedscope":
+                converted = rec.raw.with_suffix(".speedscope.json")
+                write_speedscope(stacks, converted, name, config.rate_hz)
+            else:
+                converted = rec.raw.with_suffix(".svg")
+                write_flamegraph(stacks, converted, name)
+        profiles.append(
+            summarise(rec.rank, rec.pid, rec.raw, rec.native, str(converted) if converted else None)
+        )
+    summary = {
+        "command": ["commbench", *config.inner],
+        "returncode": code,
+        "rate_hz": config.rate_hz,
+        "ranks": [dataclasses.asdict(p) for p in profiles],
+    }
+    (Path(config.out_dir) / "summary.json").write_text(json.dumps(summary, indent=1))
+    return code, profiles
+
+
+def summary_table(profiles: Sequence[RankProfile]) -> str:
+    """The per-rank shares, one row per rank, and each category's hottest frame."""
+    lines = [
+        f"{'rank':>4} {'pid':>8} {'samples':>8} {'comm':>7} {'compute':>8} {'elsewhere':>9}  native  "
+        "hottest communication frame"
+    ]
+    for p in profiles:
+        hot = p.top["communication"][0][0] if p.top["communication"] else "-"
+        lines.append(
+            f"{p.rank:>4} {p.pid:>8} {p.samples:>8} {100 * p.share('communication'):6.1f}% "
+            f"{100 * p.share('compute'):7.1f}% {100 * p.share('elsewhere'):8.1f}%  "
+            f"{'yes' if p.native else 'no':>6}  {hot[:70]}"
+        )
+    return "\n".join(lines)
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``commbench profile`` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "profile",
+        help="sample every rank of a commbench run with py-spy; per-rank communication/compute shares",
+        description="Run a commbench command (given after '--'), attach py-spy to each of its ranks, write "
+        "one profile per rank into DIR (collapsed stacks, plus speedscope JSON or a flame graph SVG), and "
+        "print "
+        "each rank's share of samples in communication, compute and elsewhere (main thread, idle waits "
+        "included). Needs py-spy and ptrace. Example: commbench profile -o prof -- compare --world-size 2",
+    )
+    p.add_argument("-o", "--output", default="profile", help="directory for the profiles (default ./profile)")
+    p.add_argument("--rate", type=int, default=100, help="samples per second per rank (default 100)")
+    p.add_argument(
+        "--format", choices=FORMATS, default="speedscope", help="profile format (default speedscope)"
+    )
+    p.add_argument(
+        "--native",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="include native (C/C++) frames where py-spy can unwind them (default on; falls back without)",
+    )
+    p.add_argument("inner", nargs=argparse.REMAINDER, help="-- then any commbench command")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``commbench profile``; returns the inner command's exit code."""
+    inner = list(args.inner)
+    if inner and inner[0] == "--":
+        inner = inner[1:]
+    config = ProfileConfig(
+        inner=tuple(inner), out_dir=args.output, rate_hz=args.rate, format=args.format, native=args.native
+    )
+    code, profiles = run_profile(config)
+    if not profiles:
+        print(f"# profile: no rank process was seen (the command exited with {code})")
+        return code or 1
+    print(f"# commbench profile: {len(profiles)} rank(s), {config.rate_hz} Hz, main thread incl. idle waits")
+    print(summary_table(profiles))
+    print(f"# profiles in {config.out_dir}/ (rank<r>-pid<p>.txt collapsed stacks; summary.json)")
+    return code

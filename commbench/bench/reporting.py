@@ -1,0 +1,811 @@
+"""``commbench report``: turn JSON Lines from sweep, train, compare (and cluster) into a report.
+
+A report is a list of blocks (headings, paragraphs, tables, images) built from the records, then
+rendered twice: Markdown (``report.md``) and a self-contained HTML page (``report.html``, inline
+CSS) with the PNGs beside both. Nothing here measures anything; ``commbench study`` reuses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import html
+import json
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+MACHINE_FIELDS = (
+    ("hostname", "host"),
+    ("cpu_model", "CPU"),
+    ("cpu_logical_cores", "logical cores"),
+    ("memory_bytes", "memory"),
+    ("python", "Python"),
+    ("torch", "torch"),
+    ("backend", "backend"),
+    ("nccl", "NCCL"),
+    ("cuda", "CUDA"),
+    ("gpus", "GPUs"),
+    ("commit", "commit"),
+    ("link_rate_gbps", "link rate (Gbit/s)"),
+)
+
+
+# ---- blocks ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Heading:
+    text: str
+    level: int = 2
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Para:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Code:
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Table:
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Image:
+    file: str  # a PNG beside the report
+    caption: str
+
+
+Block = Heading | Para | Code | Table | Image
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    """A Table with every cell turned into text."""
+    return Table(header=tuple(header), rows=tuple(tuple(str(c) for c in r) for r in rows))
+
+
+def render_markdown(blocks: Sequence[Block]) -> str:
+    """The blocks as GitHub-flavoured Markdown."""
+    out: list[str] = []
+    for b in blocks:
+        if isinstance(b, Heading):
+            out.append("#" * b.level + " " + b.text)
+        elif isinstance(b, Para):
+            out.append(b.text)
+        elif isinstance(b, Code):
+            out.append("```\n" + b.text + "\n```")
+        elif isinstance(b, Table):
+            cells = [[c.replace("|", "\\|") for c in r] for r in (b.header, *b.rows)]
+            lines = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(b.header)]
+            lines += ["| " + " | ".join(r) + " |" for r in cells[1:]]
+            out.append("\n".join(lines))
+        elif isinstance(b, Image):
+            out.append(f"![{b.caption}]({b.file})")
+    return "\n\n".join(out) + "\n"
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em;
+       color: #222; line-height: 1.45; }
+h1 { border-bottom: 2px solid #444; } h2 { border-bottom: 1px solid #bbb; margin-top: 2em; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 0.2em 0.55em; text-align: right; }
+th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
+tr:nth-child(even) td { background: #fafafa; }
+pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; font-size: 0.85em; }
+figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
+figcaption { font-size: 0.85em; color: #555; }
+"""
+
+
+def render_html(blocks: Sequence[Block], title: str) -> str:
+    """The blocks as one HTML page with inline CSS; images are referenced, not embedded."""
+    esc = html.escape
+    body: list[str] = []
+    for b in blocks:
+        if isinstance(b, Heading):
+            body.append(f"<h{b.level}>{esc(b.text)}</h{b.level}>")
+        elif isinstance(b, Para):
+            body.append(f"<p>{esc(b.text)}</p>")
+        elif isinstance(b, Code):
+            body.append(f"<pre>{esc(b.text)}</pre>")
+        elif isinstance(b, Table):
+            head = "".join(f"<th>{esc(c)}</th>" for c in b.header)
+            rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in b.rows)
+            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+        elif isinstance(b, Image):
+            body.append(
+                f'<figure><img src="{esc(b.file)}" alt="{esc(b.caption)}">'
+                f"<figcaption>{esc(b.caption)}</figcaption></figure>"
+            )
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
+        f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
+
+
+def write_report(blocks: Sequence[Block], out_dir: str | Path, title: str) -> tuple[Path, Path]:
+    """Write report.md and report.html into ``out_dir``; returns both paths."""
+    out = Path(out_dir)
+    md, page = out / "report.md", out / "report.html"
+    md.write_text(render_markdown(blocks))
+    page.write_text(render_html(blocks, title))
+    return md, page
+
+
+# ---- runs -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Run:
+    """One results file, its records sorted by type."""
+
+    path: str
+    label: str
+    header: dict[str, Any]
+    sweeps: tuple[dict[str, Any], ...]
+    epochs: tuple[dict[str, Any], ...]
+    summaries: tuple[dict[str, Any], ...]
+    probes: tuple[dict[str, Any], ...]
+    clusters: tuple[dict[str, Any], ...]
+
+
+def load_run(path: str | Path, label: str | None = None) -> Run:
+    """Read one JSON Lines file written by commbench; ValueError (one line) when it is not one."""
+    p = Path(path)
+    try:
+        lines = p.read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"cannot read {p}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{p} is not a text file") from None
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{p} is not JSON Lines: {exc.msg} at line {n}") from None
+        if not isinstance(r, dict):
+            raise ValueError(f"{p} line {n} is not a JSON object")
+        records.append(r)
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by.setdefault(str(r.get("type")), []).append(r)
+    known = ("sweep", "epoch", "train_summary", "probe", "cluster")
+    if not any(by.get(k) for k in known):
+        raise ValueError(f"{p} holds no commbench records (sweep, epoch, train_summary or probe)")
+    for kind, keys in (
+        ("sweep", ("collective", "algorithm", "size_bytes", "busbw_gbps")),
+        ("train_summary", ("strategy", "world_size", "step_time_ms", "images_per_s")),
+        ("epoch", ("strategy", "epoch", "step_losses")),
+    ):
+        for r in by.get(kind, []):
+            missing = next((k for k in keys if k not in r), None)
+            if missing:
+                raise ValueError(f"{p} has a {kind} record without {missing!r}: not written by commbench")
+    headers = by.get("header", [])
+    return Run(
+        path=str(p),
+        label=label or p.stem,
+        header=headers[0] if headers else {},
+        sweeps=tuple(by.get("sweep", [])),
+        epochs=tuple(by.get("epoch", [])),
+        summaries=tuple(by.get("train_summary", [])),
+        probes=tuple(by.get("probe", [])),
+        clusters=tuple(by.get("cluster", [])),
+    )
+
+
+# ---- formatting -----------------------------------------------------------------------------
+
+
+def fmt(x: Any, spec: str = ".3g") -> str:
+    """A number in ``spec``, '-' for None or NaN."""
+    if x is None or (isinstance(x, float) and x != x):
+        return "-"
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return str(x)
+    return format(x, spec)
+
+
+def pct(x: float | None, digits: int = 0) -> str:
+    return "-" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def mb(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e6:.3f}"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text).strip("-").lower() or "run"
+
+
+# ---- sections -------------------------------------------------------------------------------
+
+
+class _Plots:
+    """Names and draws the PNGs of one report; a failed plot becomes a note, not a failed report."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.files: list[str] = []
+
+    def name(self, name: str) -> str:
+        """A file name not yet used in this report."""
+        file = f"{_slug(name)}.png"
+        i = 2
+        while file in self.files:
+            file = f"{_slug(name)}-{i}.png"
+            i += 1
+        self.files.append(file)
+        return file
+
+    def add(self, name: str, draw: Callable[[Path], None], caption: str) -> list[Block]:
+        file = self.name(name)
+        try:
+            draw(self.out_dir / file)
+        except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+            return [Para(text=f"(plot {file} not drawn: {exc})")]
+        return [Image(file=file, caption=caption)]
+
+
+def machine_section(runs: Sequence[Run]) -> list[Block]:
+    """One column per run: where and with what each ran."""
+
+    def value(run: Run, key: str) -> str:
+        v = run.header.get(key)
+        if key == "link_rate_gbps" and v is None and run.clusters:
+            v = run.clusters[0].get("link_rate_gbps")
+        if key == "memory_bytes" and isinstance(v, int | float):
+            return f"{v / 1e9:.1f} GB"
+        if key == "gpus" and isinstance(v, list):
+            return "; ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in v) or "-"
+        if key == "commit" and isinstance(v, str):
+            return v[:12]
+        return "-" if v is None else str(v)
+
+    rows = [[label] + [value(r, key) for r in runs] for key, label in MACHINE_FIELDS]
+    rows = [r for r in rows if any(c != "-" for c in r[1:])]
+    return [Heading(text="Machine"), table(["", *[r.label for r in runs]], rows)]
+
+
+def sweep_section(run: Run, plots: _Plots) -> list[Block]:
+    """Per collective and world size: the nccl-tests-style table and busbw against size."""
+    blocks: list[Block] = []
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in run.sweeps:
+        key = (r.get("world_size"), r.get("backend"), r.get("device"), r.get("dtype"))
+        groups.setdefault(key, []).append(r)
+    for (world, backend, device, dtype), rows in groups.items():
+        collectives = sorted({r["collective"] for r in rows if r["collective"] != "sendrecv"}) or ["sendrecv"]
+        name = ", ".join(collectives)
+        blocks.append(Heading(text=f"Sweep: {name}, {world} ranks, {backend} on {device}, {dtype}", level=3))
+        body = []
+        for r in sorted(rows, key=lambda r: (r["size_bytes"], r["collective"] == "sendrecv")):
+            algo = (
+                "limit (send/recv)" if r["collective"] == "sendrecv" and len(collectives) else r["algorithm"]
+            )
+            body.append(
+                [
+                    _size(r["size_bytes"]),
+                    algo,
+                    fmt(r.get("time_us"), ".1f"),
+                    fmt(r.get("algbw_gbps"), ".3f"),
+                    fmt(r["busbw_gbps"], ".3f"),
+                    fmt(r.get("busbw_ratio_to_builtin"), ".2f"),
+                    fmt(r.get("frac_of_limit"), ".2f"),
+                    fmt(r.get("wrong")),
+                ]
+            )
+        blocks.append(
+            table(
+                [
+                    "size",
+                    "algorithm",
+                    "time (us)",
+                    "algbw (GB/s)",
+                    "busbw (GB/s)",
+                    "vs builtin",
+                    "of limit",
+                    "wrong",
+                ],
+                body,
+            )
+        )
+        blocks.append(
+            Para(
+                text="time = median over iterations of the slowest rank; busbw = algbw x bus factor "
+                "(nccl-tests); the limit is bidirectional send/recv between ring neighbours at the same "
+                "size, measured in the same run; GB = 1e9 B."
+            )
+        )
+        from commbench.bench.report import plot_busbw
+
+        title = f"{name}, {world} ranks, {backend}"
+        blocks += plots.add(
+            f"{run.label}-busbw-{name}-ws{world}",
+            lambda p, rows=rows, title=title: plot_busbw(rows, str(p), title),
+            f"busbw against message size ({title}); dashed: the send/recv limit",
+        )
+    return blocks
+
+
+def _check_row(label: str, r: dict[str, Any]) -> list[str]:
+    flag = r.get("wire_check")
+    return [
+        label,
+        fmt(r.get("computed_wire_bytes"), ",d") if r.get("computed_wire_bytes") is not None else "-",
+        fmt(r.get("measured_wire_bytes"), ",d") if r.get("measured_wire_bytes") is not None else "-",
+        fmt(r.get("wire_bytes_ratio"), ".4f"),
+        fmt(r.get("wire_expected_ratio"), ".4f"),
+        "ok" if flag is None else ("note: " + flag if flag.startswith("not judged") else "FLAG: " + flag),
+    ]
+
+
+def wire_section(run: Run) -> list[Block]:
+    """Computed against measured bytes, per sweep point and per epoch, flagged when out of tolerance."""
+    rows = []
+    for r in run.sweeps:
+        if r.get("computed_wire_bytes") is not None:
+            rows.append(_check_row(f"{r['collective']} {r['algorithm']} {_size(r['size_bytes'])}", r))
+    for r in run.epochs:
+        if r.get("computed_wire_bytes") is not None:
+            rows.append(_check_row(f"{r['strategy']} epoch {r['epoch']} (per step)", r))
+    if not rows:
+        return []
+    flagged = sum(1 for r in rows if r[-1].startswith("FLAG"))
+    blocks: list[Block] = [
+        Heading(text="Computed against measured bytes", level=3),
+        Para(
+            text="computed = the cost model's bytes on the wire per call (or per training step); measured = "
+            "the interface counters' delta less an idle baseline; ratio = measured / computed, expected = "
+            "the protocol-overhead ratio for this interconnect. "
+            + (f"{flagged} point(s) outside tolerance." if flagged else "No point outside tolerance.")
+        ),
+        table(["point", "computed (B)", "measured (B)", "ratio", "expected", "check"], rows),
+    ]
+    host_rows = []
+    sweep_last: dict[tuple, dict[str, Any]] = {}
+    for r in run.sweeps:  # per host: the largest size of each algorithm is enough to read the split
+        key = (r["collective"], r["algorithm"])
+        if r.get("hosts") and r["size_bytes"] >= sweep_last.get(key, {}).get("size_bytes", -1):
+            sweep_last[key] = r
+    epoch_last: dict[str, dict[str, Any]] = {}
+    for r in run.epochs:
+        if r.get("hosts"):
+            epoch_last[r["strategy"]] = r
+    points = [(f"{k[0]} {k[1]} {_size(r['size_bytes'])}", r) for k, r in sweep_last.items()]
+    points += [(f"{s} epoch {r['epoch']} (per step)", r) for s, r in epoch_last.items()]
+    for label, r in points:
+        for h in r["hosts"]:
+            ctx, crx = h.get("computed_tx_bytes"), h.get("computed_rx_bytes")
+            host_rows.append(
+                [
+                    label,
+                    str(h.get("rank")),
+                    h.get("address", "-"),
+                    h.get("nic", "-"),
+                    fmt(h.get("tx_bytes"), ",d"),
+                    fmt(ctx, ",d"),
+                    fmt(h["tx_bytes"] / ctx if ctx else None, ".3f"),
+                    fmt(h.get("rx_bytes"), ",d"),
+                    fmt(crx, ",d"),
+                    fmt(h["rx_bytes"] / crx if crx else None, ".3f"),
+                    fmt(h.get("cpu_user"), ".4f"),
+                    fmt(h.get("cpu_system"), ".4f"),
+                ]
+            )
+    for c in run.clusters:
+        for h in c.get("hosts", []):
+            ctx, crx = h.get("computed_tx_bytes"), h.get("computed_rx_bytes")
+            host_rows.append(
+                [
+                    "whole run (cluster)",
+                    str(h.get("rank")),
+                    h.get("address", "-"),
+                    h.get("nic", "-"),
+                    fmt(h.get("tx_bytes"), ",d"),
+                    fmt(ctx, ",d"),
+                    fmt(h["tx_bytes"] / ctx if ctx else None, ".3f"),
+                    fmt(h.get("rx_bytes"), ",d"),
+                    fmt(crx, ",d"),
+                    fmt(h["rx_bytes"] / crx if crx else None, ".3f"),
+                    "-",
+                    "-",
+                ]
+            )
+    if host_rows:
+        blocks += [
+            Heading(text="Per host", level=4),
+            Para(
+                text="bytes per call (sweeps) or per step (training) at each host's interface beside the "
+                "cost model; CPU in seconds per call or step, summed over the host's ranks. A shared "
+                "interface such as loopback carries every rank's traffic once."
+            ),
+            table(
+                [
+                    "point",
+                    "host rank",
+                    "address",
+                    "nic",
+                    "tx (B)",
+                    "computed tx",
+                    "tx ratio",
+                    "rx (B)",
+                    "computed rx",
+                    "rx ratio",
+                    "cpu user (s)",
+                    "cpu sys (s)",
+                ],
+                host_rows,
+            ),
+        ]
+    return blocks
+
+
+SUMMARY_COLUMNS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
+    ("strategy", "strategy", lambda s: s["strategy"]),
+    ("ranks", "ranks", lambda s: str(s["world_size"])),
+    ("batch", "batch/rank", lambda s: str(s.get("batch_size", "-"))),
+    ("step", "step ms", lambda s: fmt(s["step_time_ms"], ".2f")),
+    ("data", "data", lambda s: fmt(s.get("data_ms"), ".2f")),
+    ("fwd", "forward", lambda s: fmt(s.get("forward_ms"), ".2f")),
+    ("bwd", "backward", lambda s: fmt(s.get("backward_ms"), ".2f")),
+    ("exp", "exposed comm", lambda s: fmt(s.get("exposed_comm_ms"), ".2f")),
+    ("opt", "optimizer", lambda s: fmt(s.get("optimizer_ms"), ".2f")),
+    ("comm", "comm ms", lambda s: fmt(s.get("comm_ms"), ".2f")),
+    ("hidden", "hidden", lambda s: pct(s.get("hidden_comm_fraction"))),
+    ("ips", "images/s", lambda s: fmt(s["images_per_s"], ".0f")),
+    ("first", "1st epoch s", lambda s: fmt(s.get("first_epoch_time_s"), ".3f")),
+    ("later", "later epochs s", lambda s: fmt(s.get("later_epoch_time_s"), ".3f")),
+    ("loss", "final loss", lambda s: fmt(s.get("final_loss"), ".3f")),
+    ("acc", "accuracy", lambda s: pct(s.get("final_accuracy"), 1)),
+    ("grad", "grad MB/epoch", lambda s: mb(s.get("grad_bytes_per_epoch"))),
+    (
+        "wire",
+        "wire MB/rank/epoch",
+        lambda s: (
+            mb(max(s["wire_bytes_per_rank_per_epoch"])) if s.get("wire_bytes_per_rank_per_epoch") else "-"
+        ),
+    ),
+    ("ddp", "x ddp", lambda s: fmt(s.get("step_time_ratio_to_ddp"), ".2f")),
+)
+
+
+def training_section(run: Run, plots: _Plots) -> list[Block]:
+    """The compare table, per-epoch times, and the breakdown, loss and throughput plots."""
+    if not run.summaries:
+        return []
+    from commbench.bench.report import plot_throughput, plot_training
+
+    s0 = run.summaries[0]
+    what = (
+        f"{s0.get('model', '?')} on {s0.get('dataset', '?')}, {s0['world_size']} ranks, "
+        f"{s0.get('backend', '?')} on {s0.get('device', '?')}"
+    )
+    blocks: list[Block] = [
+        Heading(text=f"Training: {what}", level=3),
+        Para(
+            text=f"{s0.get('trainable_params', 0):,} trainable parameters, {s0.get('syncs_per_epoch', '-')} "
+            "gradient syncs per epoch. ms = median per step over the timed steps (later epochs) of the "
+            "ranks' mean; exposed comm = from the last gradient until gradients are synced; hidden = "
+            "share of "
+            "communication overlapping backward; MB = 1e6 B."
+        ),
+        table([c[1] for c in SUMMARY_COLUMNS], [[c[2](s) for c in SUMMARY_COLUMNS] for s in run.summaries]),
+    ]
+    if run.epochs:
+        blocks.append(
+            table(
+                ["strategy", "epoch", "steps", "time (s)", "images/s", "loss", "eval loss", "accuracy"],
+                [
+                    [
+                        e["strategy"],
+                        str(e["epoch"]),
+                        str(e.get("steps", "-")),
+                        fmt(e.get("time_s"), ".3f"),
+                        fmt(e.get("images_per_s"), ".0f"),
+                        fmt(e.get("loss"), ".4f"),
+                        fmt(e.get("eval_loss"), ".4f"),
+                        pct(e.get("accuracy"), 1),
+                    ]
+                    for e in run.epochs
+                ],
+            )
+        )
+    epochs, summaries = list(run.epochs), list(run.summaries)
+    bfile, lfile = plots.name(f"{run.label}-breakdown"), plots.name(f"{run.label}-loss")
+    try:
+        plot_training(epochs, summaries, plots.out_dir / bfile, plots.out_dir / lfile)
+        blocks.append(Image(file=bfile, caption=f"median step time by phase per strategy ({what})"))
+        if epochs:
+            blocks.append(Image(file=lfile, caption="training loss per step"))
+    except (ValueError, KeyError, TypeError) as exc:
+        blocks.append(Para(text=f"(training plots not drawn: {exc})"))
+    blocks += plots.add(
+        f"{run.label}-throughput",
+        lambda p: plot_throughput(summaries, p, what),
+        "images per second per strategy",
+    )
+    return blocks
+
+
+def probe_section(run: Run, plots: _Plots) -> list[Block]:
+    """The sampler's summary and its timeline (utilisation, memory, bytes per second)."""
+    from commbench.bench.report import plot_probe_timeline
+
+    blocks: list[Block] = []
+    for i, probe in enumerate(run.probes, 1):
+        s = probe.get("summary") or {}
+        rows = []
+        for key, label, scale, unit in (
+            ("cpu_user_pct", "machine CPU user", 1, "% of all cores"),
+            ("cpu_system_pct", "machine CPU system", 1, "% of all cores"),
+            ("process_cpu_pct", "rank-0 process CPU", 1, "% of one core"),
+            ("rss_bytes", "rank-0 resident memory", 1e-6, "MB"),
+            ("nic_tx_bytes_per_s", f"{probe.get('nic') or 'interface'} sent", 1e-6, "MB/s"),
+            ("nic_rx_bytes_per_s", f"{probe.get('nic') or 'interface'} received", 1e-6, "MB/s"),
+        ):
+            st = s.get(key)
+            rows.append(
+                [label, unit]
+                + ([fmt(st["mean"] * scale, ".1f"), fmt(st["max"] * scale, ".1f")] if st else ["-", "-"])
+            )
+        for g in s.get("gpus") or []:
+            for key, label, scale, unit in (
+                ("gpu_util_pct", "utilisation", 1, "%"),
+                ("memory_used_bytes", "memory used", 1e-6, "MB"),
+                ("power_w", "power", 1, "W"),
+            ):
+                st = g.get(key)
+                rows.append(
+                    [f"GPU {g.get('index')} {label}", unit]
+                    + ([fmt(st["mean"] * scale, ".1f"), fmt(st["max"] * scale, ".1f")] if st else ["-", "-"])
+                )
+        blocks += [
+            Heading(text="Probe timeline" + (f" {i}" if len(run.probes) > 1 else ""), level=3),
+            Para(
+                text=f"{s.get('samples', len(probe.get('samples') or []))} samples every "
+                f"{probe.get('interval_s', '?')} s over {fmt(probe.get('wall_s'), '.1f')} s on rank 0; the "
+                f"sampler used {pct(probe.get('overhead_core_fraction'), 2)} of one core. "
+                + (probe.get("nvml") or "")
+            ),
+            table(["quantity", "unit", "mean", "max"], rows),
+        ]
+        blocks += plots.add(
+            f"{run.label}-timeline-{i}",
+            lambda p, probe=probe: plot_probe_timeline(probe, p, run.label),
+            "utilisation, memory and bytes per second over the run; grey lines are phase markers",
+        )
+    return blocks
+
+
+def run_sections(run: Run, plots: _Plots) -> list[Block]:
+    """Everything one results file holds."""
+    command = run.header.get("command")
+    blocks: list[Block] = [Heading(text=f"{run.label}")]
+    blocks.append(Para(text=f"file: {run.path}"))
+    if command:
+        blocks.append(Code(text=command))
+    blocks += sweep_section(run, plots)
+    blocks += training_section(run, plots)
+    blocks += wire_section(run)
+    blocks += probe_section(run, plots)
+    return blocks
+
+
+# ---- baseline -------------------------------------------------------------------------------
+
+
+def _busbw_map(runs: Sequence[Run]) -> dict[tuple, float]:
+    return {
+        (r["collective"], r["world_size"], r["algorithm"], r["size_bytes"]): r["busbw_gbps"]
+        for run in runs
+        for r in run.sweeps
+    }
+
+
+def _step_map(runs: Sequence[Run]) -> dict[tuple, dict[str, Any]]:
+    return {
+        (s["strategy"], s["world_size"], s.get("model"), s.get("batch_size")): s
+        for run in runs
+        for s in run.summaries
+    }
+
+
+def baseline_section(runs: Sequence[Run], baselines: Sequence[Run], plots: _Plots) -> list[Block]:
+    """Ratios of this run to the baseline: busbw per size and algorithm, step time per strategy."""
+    blocks: list[Block] = [
+        Heading(text="Against the baseline"),
+        Para(text="baseline: " + ", ".join(b.path for b in baselines)),
+    ]
+    now, base = _busbw_map(runs), _busbw_map(baselines)
+    common = sorted(k for k in now if k in base)
+    if common:
+        rows = [
+            [
+                k[0],
+                str(k[1]),
+                k[2],
+                _size(k[3]),
+                fmt(base[k], ".3f"),
+                fmt(now[k], ".3f"),
+                fmt(now[k] / base[k] if base[k] else None, ".2f"),
+            ]
+            for k in common
+        ]
+        blocks += [
+            Heading(text="busbw", level=3),
+            Para(text="ratio = this run's busbw / the baseline's (above 1: faster)."),
+            table(
+                ["collective", "ranks", "algorithm", "size", "baseline (GB/s)", "this run (GB/s)", "ratio"],
+                rows,
+            ),
+        ]
+        blocks += plots.add(
+            "baseline-busbw",
+            lambda p: _ratio_plot(
+                [f"{k[2]} {_size(k[3])}" for k in common],
+                [now[k] / base[k] if base[k] else None for k in common],
+                p,
+                "busbw / baseline",
+            ),
+            "busbw relative to the baseline, per algorithm and size",
+        )
+    now_s, base_s = _step_map(runs), _step_map(baselines)
+    common_s = [k for k in now_s if k in base_s]
+    if common_s:
+        rows = []
+        for k in common_s:
+            a, b = now_s[k], base_s[k]
+            rows.append(
+                [
+                    k[0],
+                    str(k[1]),
+                    str(k[2]),
+                    str(k[3]),
+                    fmt(b["step_time_ms"], ".2f"),
+                    fmt(a["step_time_ms"], ".2f"),
+                    fmt(a["step_time_ms"] / b["step_time_ms"] if b["step_time_ms"] else None, ".2f"),
+                    fmt(a["images_per_s"] / b["images_per_s"] if b["images_per_s"] else None, ".2f"),
+                ]
+            )
+        blocks += [
+            Heading(text="Step time", level=3),
+            Para(
+                text="step-time ratio = this run / the baseline (below 1: faster); throughput ratio the "
+                "other way round."
+            ),
+            table(
+                [
+                    "strategy",
+                    "ranks",
+                    "model",
+                    "batch",
+                    "baseline ms",
+                    "this run ms",
+                    "step-time ratio",
+                    "images/s ratio",
+                ],
+                rows,
+            ),
+        ]
+        blocks += plots.add(
+            "baseline-step-time",
+            lambda p: _ratio_plot(
+                [f"{k[0]} x{k[1]}" for k in common_s],
+                [
+                    now_s[k]["step_time_ms"] / base_s[k]["step_time_ms"]
+                    if base_s[k]["step_time_ms"]
+                    else None
+                    for k in common_s
+                ],
+                p,
+                "step time / baseline",
+            ),
+            "step time relative to the baseline, per strategy",
+        )
+    if not common and not common_s:
+        blocks.append(Para(text="No sweep point or strategy appears in both: nothing to compare."))
+    return blocks
+
+
+def _ratio_plot(labels: list[str], ratios: list[float | None], path: Path, ylabel: str) -> None:
+    from commbench.bench.report import plot_ratio_bars
+
+    plot_ratio_bars(labels, ratios, path, ylabel)
+
+
+# ---- the command ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReportConfig:
+    """``commbench report``: results files, where to write, and optional baseline files."""
+
+    inputs: tuple[str, ...]
+    out_dir: str
+    baselines: tuple[str, ...] = ()
+    title: str = "commbench report"
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ValueError("no results files given")
+        out = Path(self.out_dir)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"cannot write the report into {out}: it is not a directory")
+
+
+def report_blocks(
+    runs: Sequence[Run], out_dir: Path, baselines: Sequence[Run] = (), title: str = "commbench report"
+) -> list[Block]:
+    """All blocks of a report on ``runs`` (PNGs are drawn into ``out_dir`` as a side effect)."""
+    plots = _Plots(out_dir)
+    blocks: list[Block] = [Heading(text=title, level=1)]
+    blocks += machine_section([*runs, *baselines])
+    for run in runs:
+        blocks += run_sections(run, plots)
+    if baselines:
+        blocks += baseline_section(runs, baselines, plots)
+    return blocks
+
+
+def build(config: ReportConfig) -> tuple[Path, Path]:
+    """Read the files, draw the plots, write report.md and report.html; returns their paths."""
+    runs = _load_all(config.inputs)
+    baselines = _load_all(config.baselines, prefix="baseline ")
+    out = Path(config.out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create {out}: {exc.strerror}") from None
+    return write_report(report_blocks(runs, out, baselines, config.title), out, config.title)
+
+
+def _load_all(paths: Sequence[str], prefix: str = "") -> list[Run]:
+    labels = [Path(p).stem for p in paths]
+    runs = []
+    for i, p in enumerate(paths):
+        label = labels[i] if labels.count(labels[i]) == 1 else f"{labels[i]}-{i + 1}"
+        runs.append(load_run(p, prefix + label))
+    return runs
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``commbench report`` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "report",
+        help="Markdown and HTML report from sweep/train/compare JSON Lines",
+        description="Write DIR/report.md and DIR/report.html (self-contained page, PNGs beside it): machine "
+        "information, sweep tables and busbw plots with the limit, training comparisons, probe timelines, "
+        "computed-versus-measured bytes (per host where recorded); --baseline adds ratios to other runs.",
+    )
+    p.add_argument("files", nargs="+", help="JSON Lines written by commbench sweep, train or compare --json")
+    p.add_argument("-o", "--output", default="report", help="directory to write into (default ./report)")
+    p.add_argument("--baseline", nargs="+", default=[], help="JSON Lines of the run to compare against")
+    p.add_argument("--title", default="commbench report", help="the report's title")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``commbench report``; prints where the report went."""
+    config = ReportConfig(
+        inputs=tuple(args.files), out_dir=args.output, baselines=tuple(args.baseline), title=args.title
+    )
+    md, page = build(config)
+    print(f"report: {md}  {page}")
+    return 0

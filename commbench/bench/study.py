@@ -1,0 +1,850 @@
+"""``commbench study NAME``: re-run a reference study as a list of commbench runs, then report it.
+
+A study is a plain TOML file in ``studies/`` (its stem is its name). It holds shared ``defaults``
+and ``[[group]]`` tables; each group is one commbench command (sweep, train or compare) with
+``options`` (command-line flags without the dashes) and a ``grid`` (flag -> list of values) whose
+product gives the group's runs. ``[group.full]`` / ``[group.tiny]`` change options and grid at
+``--full`` (the study's original sizes, for GPU clusters) and ``--tiny`` (a smoke test) scale.
+Groups with ``cluster = true`` run under ``commbench cluster`` (one host per rank) where it can be
+built, and on local ranks otherwise; the report says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import shlex
+import statistics
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from commbench.bench import reporting as rp
+
+SCALES = ("tiny", "default", "full")
+COMMANDS = ("sweep", "train", "compare")
+SCALE_ENV = "COMMBENCH_STUDY_SCALE"
+STUDY_KEYS = {"title", "reference", "about", "metrics", "plot", "defaults", "group", "cluster_rate"}
+GROUP_KEYS = {
+    "label",
+    "command",
+    "options",
+    "grid",
+    "full",
+    "tiny",
+    "cluster",
+    "scales",
+    "timelines",
+    "note",
+    "inherit",
+}
+UNSET = "unset"  # a model-opt value that removes the option
+TINY_TRAIN = {"steps-per-epoch": 2, "no-eval": True, "replicate": 1}
+TINY_SWEEP = {"minbytes": "64K", "maxbytes": "256K", "stepfactor": 4, "iters": 2, "warmup": 1}
+
+
+def studies_dir() -> Path:
+    """``studies/`` at the repository root (beside the package)."""
+    return Path(__file__).resolve().parents[2] / "studies"
+
+
+def known_studies(directory: Path | None = None) -> list[str]:
+    return sorted(p.stem for p in (directory or studies_dir()).glob("*.toml"))
+
+
+# ---- the preset -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Group:
+    """One command and its grid, as written in the TOML file."""
+
+    label: str
+    command: str
+    options: dict[str, Any]
+    grid: dict[str, list[Any]]
+    full: dict[str, Any]
+    tiny: dict[str, Any]
+    cluster: bool = False
+    scales: tuple[str, ...] = SCALES
+    timelines: bool = False
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.command not in COMMANDS:
+            raise ValueError(
+                f"group {self.label!r}: command must be one of {', '.join(COMMANDS)}, got {self.command!r}"
+            )
+        for name, axis in self.grid.items():
+            if not isinstance(axis, list) or not axis:
+                raise ValueError(f"group {self.label!r}: grid {name!r} must be a non-empty list")
+        for scale in self.scales:
+            if scale not in SCALES:
+                raise ValueError(
+                    f"group {self.label!r}: unknown scale {scale!r}; choose from {', '.join(SCALES)}"
+                )
+        for name, table_ in (("full", self.full), ("tiny", self.tiny)):
+            extra = set(table_) - {"options", "grid"}
+            if extra:
+                raise ValueError(
+                    f"group {self.label!r}: [{name}] takes options and grid, not {sorted(extra)}"
+                )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Study:
+    """A parsed preset."""
+
+    name: str
+    title: str
+    reference: str
+    about: str
+    metrics: tuple[str, ...]
+    plot: tuple[str, ...]
+    groups: tuple[Group, ...]
+    cluster_rate: str = "1gbit"
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise ValueError(f"study {self.name}: no [[group]]")
+        for m in (*self.metrics, *self.plot):
+            if m not in METRICS:
+                raise ValueError(f"study {self.name}: unknown metric {m!r}; choose from {', '.join(METRICS)}")
+
+
+def load_study(name: str, directory: Path | None = None) -> Study:
+    """Parse ``studies/NAME.toml``; ValueError names the unknown study or the bad entry."""
+    directory = directory or studies_dir()
+    path = directory / f"{name}.toml"
+    if not path.is_file():
+        raise ValueError(f"unknown study {name!r}; known: {', '.join(known_studies(directory)) or 'none'}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    extra = set(data) - STUDY_KEYS
+    if extra:
+        raise ValueError(f"{path}: unknown keys {sorted(extra)}")
+    shared = data.get("defaults", {})
+    groups = []
+    for i, g in enumerate(data.get("group", []), 1):
+        extra = set(g) - GROUP_KEYS
+        if extra:
+            raise ValueError(f"{path}: group {i} has unknown keys {sorted(extra)}")
+        defaults = shared if g.get("inherit", True) else {}
+        groups.append(
+            Group(
+                label=g.get("label", f"group {i}"),
+                command=g.get("command", defaults.get("command", "compare")),
+                options=_apply(_apply({}, defaults.get("options", {})), g.get("options", {})),
+                grid=g.get("grid", {}),
+                full=_merge_scale(defaults.get("full", {}), g.get("full", {})),
+                tiny=_merge_scale(defaults.get("tiny", {}), g.get("tiny", {})),
+                cluster=bool(g.get("cluster", False)),
+                scales=tuple(g.get("scales", SCALES)),
+                timelines=bool(g.get("timelines", False)),
+                note=g.get("note", ""),
+            )
+        )
+    for key in ("title", "reference", "about"):
+        if not isinstance(data.get(key), str):
+            raise ValueError(f"{path}: {key} (a string) is missing")
+    return Study(
+        name=name,
+        title=data["title"],
+        reference=data["reference"],
+        about=data["about"].strip(),
+        metrics=tuple(data.get("metrics", ())),
+        plot=tuple(data.get("plot", ())),
+        groups=tuple(groups),
+        cluster_rate=data.get("cluster_rate", "1gbit"),
+    )
+
+
+def _merge_scale(base: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "options": _apply(_apply({}, base.get("options", {})), own.get("options", {})),
+        "grid": {**base.get("grid", {}), **own.get("grid", {})},
+        **{k: v for k, v in own.items() if k not in ("options", "grid")},
+    }
+
+
+# ---- planning -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Planned:
+    """One commbench run of a study: its group, grid point and command line."""
+
+    group: str
+    index: int
+    point: tuple[tuple[str, Any], ...]
+    argv: tuple[str, ...]
+    json_path: str
+    local_argv: tuple[str, ...] | None = None  # the same run on local ranks, for a cluster group
+    note: str = ""
+
+
+def _flags(options: dict[str, Any]) -> list[str]:
+    """Flags from an options table: true -> bare flag, false -> left out, lists joined by commas;
+    ``model-opt`` (a table or KEY=VALUE strings) -> one flag per entry."""
+    argv: list[str] = []
+    for key, value in options.items():
+        if key == "model-opt":
+            for k, v in value.items():
+                if v != UNSET:
+                    argv += ["--model-opt", f"{k}={_text(v)}"]
+        elif value is True:
+            argv.append(f"--{key}")
+        elif value is False or value is None:
+            continue
+        else:
+            argv += [f"--{key}", _text(value)]
+    return argv
+
+
+def _text(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _model_opts(value: Any) -> dict[str, Any]:
+    """model-opt as a dict, from a table, one KEY=VALUE string or a list of them."""
+    if isinstance(value, dict):
+        return dict(value)
+    items = [value] if isinstance(value, str) else list(value or [])
+    out = {}
+    for item in items:
+        key, sep, v = str(item).partition("=")
+        if not sep:
+            raise ValueError(f"model-opt {item!r} is not KEY=VALUE")
+        out[key.strip()] = v.strip()
+    return out
+
+
+def _apply(options: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(options)
+    for key, value in changes.items():
+        if key == "model-opt" and value is False:
+            out.pop("model-opt", None)
+        elif key == "model-opt":  # merged key by key; UNSET drops a key (back to the model's default)
+            merged = {**_model_opts(out.get("model-opt")), **_model_opts(value)}
+            out["model-opt"] = merged
+        else:
+            out[key] = value
+    return out
+
+
+def _shrink(command: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The tiny scale: every run as short as it can be while still running the same code."""
+    out = dict(options)
+    if command == "sweep":
+        out.update(TINY_SWEEP)
+        return out
+    out.update(TINY_TRAIN)
+    out["epochs"] = min(int(out.get("epochs", 1)), 2)
+    out["batch-size"] = min(int(out.get("batch-size", 64)), 16)
+    if out.get("samples"):
+        out["samples"] = min(int(out["samples"]), 256)
+    return out
+
+
+def plan(study: Study, scale: str, out_dir: str | Path, cluster_ok: bool = True) -> list[Planned]:
+    """Every run of ``study`` at ``scale`` with the command line that makes it."""
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
+    runs_dir = Path(out_dir) / "runs"
+    planned: list[Planned] = []
+    for group in study.groups:
+        if scale not in group.scales:
+            continue
+        options = _apply({}, group.options)
+        grid = dict(group.grid)
+        if scale == "full":
+            options = _apply(options, group.full.get("options", {}))
+            grid.update(group.full.get("grid", {}))
+        if scale == "tiny":  # one run per study: the first point of the first group, shrunk
+            if planned:
+                break
+            grid = {k: v[:1] for k, v in {**grid, **group.tiny.get("grid", {})}.items()}
+        keys = list(grid)
+        for values in itertools.product(*(grid[k] for k in keys)):
+            point = tuple(zip(keys, values, strict=True))
+            run_options = _apply(options, dict(point))
+            if scale == "tiny":
+                run_options = _apply(_shrink(group.command, run_options), group.tiny.get("options", {}))
+            index = len(planned) + 1
+            json_path = str(runs_dir / f"{index:02d}-{rp._slug(group.label)}.jsonl")
+            local = [group.command, *_flags(run_options), "--json", json_path]
+            argv, local_argv, note = local, None, ""
+            if group.cluster and scale != "tiny" and cluster_ok:
+                hosts = str(run_options.get("world-size", 2))
+                inner = {k: v for k, v in run_options.items() if k != "world-size"}
+                argv = ["cluster", "--hosts", hosts, "--rate", study.cluster_rate, "--", group.command]
+                argv += [*_flags(inner), "--json", json_path]
+                local_argv = tuple(local)
+            elif group.cluster:
+                note = "local ranks: " + (
+                    "the tiny scale skips the emulated cluster"
+                    if scale == "tiny"
+                    else "no emulated cluster here"
+                )
+            planned.append(
+                Planned(
+                    group=group.label,
+                    index=index,
+                    point=point,
+                    argv=tuple(argv),
+                    json_path=json_path,
+                    local_argv=local_argv,
+                    note=note,
+                )
+            )
+    return planned
+
+
+def validate(planned: Sequence[Planned]) -> None:
+    """Parse every planned command line as the CLI would, and build its config (ValueError if bad)."""
+    from commbench.bench import cli
+
+    parser = cli.build_parser()
+    for p in planned:
+        for argv in filter(None, (p.argv, p.local_argv)):
+            try:
+                args = parser.parse_args(list(argv))
+                if args.command == "cluster":
+                    from commbench.bench import cluster
+
+                    inner = cluster.config_from_args(args).inner
+                    args = parser.parse_args(list(inner) + ["--world-size", "1"])
+                if args.command in ("train", "compare"):
+                    from commbench.bench import train
+
+                    train.train_config(args)
+                elif args.command == "sweep":
+                    cli.sweep_config(args)
+            except (cli.UsageError, ValueError, TypeError) as exc:
+                raise ValueError(f"run {p.index} ({p.group}): {exc}: {shlex.join(argv)}") from None
+
+
+def cluster_available() -> str | None:
+    """None when ``commbench cluster`` can run here; otherwise why not."""
+    try:
+        from commbench.bench import netns
+    except ImportError:
+        return "commbench cluster is not installed"
+    try:
+        netns.check_privileges()
+    except (ValueError, OSError) as exc:
+        return str(exc)
+    return None
+
+
+# ---- running --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """A finished run: the command that ran, its exit code and wall time."""
+
+    planned: Planned
+    argv: tuple[str, ...]
+    returncode: int
+    seconds: float
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StudyConfig:
+    """``commbench study``: which preset, at what scale, written where."""
+
+    name: str
+    scale: str = "default"
+    out_dir: str | None = None
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.scale not in SCALES:
+            raise ValueError(f"unknown scale {self.scale!r}; choose from {', '.join(SCALES)}")
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.out_dir or f"study-{self.name}")
+
+
+def run_study(
+    config: StudyConfig,
+    execute: Callable[[list[str]], int] | None = None,
+    on_run: Callable[[Planned, int], None] | None = None,
+) -> tuple[list[Outcome], Path]:
+    """Run every planned command (``execute`` defaults to the CLI in this process), then write the
+    report; returns the outcomes and the report's Markdown path."""
+    from commbench.bench.cli import main as cli_main
+
+    execute = execute or cli_main
+    study = load_study(config.name)
+    out = config.directory
+    why_not = cluster_available() if any(g.cluster for g in study.groups) and config.scale != "tiny" else None
+    planned = plan(study, config.scale, out, cluster_ok=why_not is None)
+    validate(planned)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    outcomes = []
+    for p in planned:
+        if on_run is not None:
+            on_run(p, len(planned))
+        argv = list(p.argv) + (["-q"] if config.quiet and p.argv[0] != "cluster" else [])
+        note = p.note if not why_not else f"local ranks: {why_not}"
+        start = time.perf_counter()
+        code = execute(argv)
+        if code != 0 and p.local_argv is not None:  # the cluster could not run it: local ranks
+            note = f"local ranks: commbench cluster exited with {code}"
+            argv = list(p.local_argv) + (["-q"] if config.quiet else [])
+            code = execute(argv)
+        outcomes.append(
+            Outcome(
+                planned=p, argv=tuple(argv), returncode=code, seconds=time.perf_counter() - start, note=note
+            )
+        )
+    md, _ = write_study_report(study, config.scale, outcomes, out)
+    return outcomes, md
+
+
+# ---- the report -----------------------------------------------------------------------------
+
+
+def _later(run: rp.Run, strategy: str, epoch: int) -> dict[str, Any] | None:
+    return next((e for e in run.epochs if e["strategy"] == strategy and e["epoch"] == epoch), None)
+
+
+def _probe_stat(run: rp.Run, key: str, stat: str, scale: float = 1.0) -> float | None:
+    st = (run.probes[0].get("summary") or {}).get(key) if run.probes else None
+    return None if not st else st[stat] * scale
+
+
+def _gpu_stat(run: rp.Run, key: str, stat: str, scale: float = 1.0) -> float | None:
+    gpus = (run.probes[0].get("summary") or {}).get("gpus") if run.probes else None
+    values = [g[key][stat] * scale for g in gpus or [] if g.get(key)]
+    return max(values) if values else None
+
+
+def _hosts(run: rp.Run, strategy: str) -> list[dict[str, Any]]:
+    last = [e for e in run.epochs if e["strategy"] == strategy and e.get("hosts")]
+    return last[-1]["hosts"] if last else []
+
+
+def _host_rate(run: rp.Run, s: dict[str, Any], key: str, scale: float) -> float | None:
+    """A per-step host quantity over the step time (bytes/s or CPU share), the busiest host."""
+    hosts = _hosts(run, s["strategy"])
+    if not hosts or not s["step_time_ms"]:
+        return None
+    return max(h[key] for h in hosts) / (s["step_time_ms"] / 1e3) * scale
+
+
+def _epoch_time(s: dict[str, Any]) -> float:
+    return s["later_epoch_time_s"] if s.get("later_epoch_time_s") is not None else s["first_epoch_time_s"]
+
+
+def _grad_gbps(s: dict[str, Any]) -> float | None:
+    wire = s.get("wire_bytes_per_rank_per_epoch")
+    if not wire or not s.get("comm_ms") or not s.get("syncs_per_epoch"):
+        return None
+    return max(wire) / s["syncs_per_epoch"] / (s["comm_ms"] / 1e3) / 1e9
+
+
+def _wire_ratio(run: rp.Run, strategy: str) -> float | None:
+    last = [e for e in run.epochs if e["strategy"] == strategy and e.get("wire_bytes_ratio") is not None]
+    return last[-1]["wire_bytes_ratio"] if last else None
+
+
+Metric = tuple[str, str, Callable[[rp.Run, dict[str, Any]], Any]]
+METRICS: dict[str, tuple[str, str, Callable[[rp.Run, dict[str, Any]], Any]]] = {
+    # key: (column header, number format, value from (run, train_summary))
+    "trainable_params": ("trainable params", ",d", lambda r, s: s["trainable_params"]),
+    "step_time_ms": ("step ms", ".2f", lambda r, s: s["step_time_ms"]),
+    "forward_ms": ("forward ms", ".2f", lambda r, s: s["forward_ms"]),
+    "backward_ms": ("backward ms", ".2f", lambda r, s: s["backward_ms"]),
+    "compute_ms": ("compute ms", ".2f", lambda r, s: s["compute_ms"]),
+    "comm_ms": ("comm ms", ".2f", lambda r, s: s["comm_ms"]),
+    "exposed_comm_ms": ("exposed comm ms", ".2f", lambda r, s: s["exposed_comm_ms"]),
+    "hidden_comm_fraction": ("hidden comm", ".2f", lambda r, s: s["hidden_comm_fraction"]),
+    "images_per_s": ("images/s", ".0f", lambda r, s: s["images_per_s"]),
+    "epoch_time_s": ("epoch s", ".3f", lambda r, s: _epoch_time(s)),
+    "speedup": ("speedup vs 1 rank", ".2f", lambda r, s: None),  # filled in per group
+    "first_epoch_time_s": ("1st epoch s", ".3f", lambda r, s: s["first_epoch_time_s"]),
+    "later_epoch_time_s": ("2nd+ epoch s", ".3f", lambda r, s: s["later_epoch_time_s"]),
+    "first_epoch_images_per_s": (
+        "1st epoch images/s",
+        ".0f",
+        lambda r, s: (_later(r, s["strategy"], 1) or {}).get("images_per_s"),
+    ),
+    "second_epoch_images_per_s": (
+        "2nd epoch images/s",
+        ".0f",
+        lambda r, s: (_later(r, s["strategy"], 2) or {}).get("images_per_s"),
+    ),
+    "final_loss": ("final loss", ".3f", lambda r, s: s["final_loss"]),
+    "final_accuracy": ("accuracy", ".3f", lambda r, s: s["final_accuracy"]),
+    "lr": ("lr", ".4g", lambda r, s: s["lr"]),
+    "epochs_to_threshold": ("epochs to loss threshold", "d", lambda r, s: s["epochs_to_threshold"]),
+    "grad_mb_per_epoch": ("gradient MB/epoch", ".2f", lambda r, s: s["grad_bytes_per_epoch"] / 1e6),
+    "wire_mb_per_rank_per_epoch": (
+        "wire MB/rank/epoch",
+        ".2f",
+        lambda r, s: (
+            max(s["wire_bytes_per_rank_per_epoch"]) / 1e6 if s["wire_bytes_per_rank_per_epoch"] else None
+        ),
+    ),
+    "grad_gbps": ("gradient GB/s", ".3f", lambda r, s: _grad_gbps(s)),
+    "wire_ratio": ("measured/computed bytes", ".3f", lambda r, s: _wire_ratio(r, s["strategy"])),
+    "rss_max_mb": ("rank-0 RSS max MB", ".0f", lambda r, s: _probe_stat(r, "rss_bytes", "max", 1e-6)),
+    "process_cpu_mean": (
+        "rank-0 CPU % of a core",
+        ".0f",
+        lambda r, s: _probe_stat(r, "process_cpu_pct", "mean"),
+    ),
+    "cpu_user_mean": ("machine CPU user %", ".0f", lambda r, s: _probe_stat(r, "cpu_user_pct", "mean")),
+    "cpu_system_mean": ("machine CPU sys %", ".0f", lambda r, s: _probe_stat(r, "cpu_system_pct", "mean")),
+    "gpu_mem_max_mb": (
+        "GPU memory max MB",
+        ".0f",
+        lambda r, s: _gpu_stat(r, "memory_used_bytes", "max", 1e-6),
+    ),
+    "gpu_util_mean": ("GPU util %", ".0f", lambda r, s: _gpu_stat(r, "gpu_util_pct", "mean")),
+    "host_tx_mbps": ("busiest host send MB/s", ".1f", lambda r, s: _host_rate(r, s, "tx_bytes", 1e-6)),
+    "host_cpu_user_pct": ("busiest host CPU user %", ".0f", lambda r, s: _host_rate(r, s, "cpu_user", 100)),
+    "host_cpu_sys_pct": ("busiest host CPU sys %", ".0f", lambda r, s: _host_rate(r, s, "cpu_system", 100)),
+}
+
+
+def _point_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _speedups(rows: list[dict[str, Any]]) -> None:
+    """Epoch time at one rank over epoch time here, for rows that differ only in world-size."""
+    for row in rows:
+        key = tuple((k, str(v)) for k, v in row["point"] if k != "world-size")
+        base = next(
+            (
+                b
+                for b in rows
+                if b["summary"]["world_size"] == 1
+                and b["summary"]["strategy"] == row["summary"]["strategy"]
+                and tuple((k, str(v)) for k, v in b["point"] if k != "world-size") == key
+            ),
+            None,
+        )
+        if base is not None and _epoch_time(row["summary"]) > 0:
+            row["values"]["speedup"] = _epoch_time(base["summary"]) / _epoch_time(row["summary"])
+
+
+def _group_blocks(
+    study: Study, group: str, outcomes: Sequence[Outcome], runs: dict[int, rp.Run], plots: rp._Plots
+) -> list[rp.Block]:
+    from commbench.bench.report import plot_busbw, plot_grouped, plot_probe_timeline
+
+    blocks: list[rp.Block] = [rp.Heading(text=group, level=3)]
+    spec = next(g for g in study.groups if g.label == group)
+    if spec.note:
+        blocks.append(rp.Para(text=spec.note))
+    shown = ("strategy", "strategies", "world-size")  # the table has its own strategy and ranks columns
+    axes = list(dict.fromkeys(k for o in outcomes for k, _ in o.planned.point if k not in shown))
+    rows: list[dict[str, Any]] = []
+    sweeps: list[dict[str, Any]] = []
+    for o in outcomes:
+        run = runs.get(o.planned.index)
+        if run is None:
+            continue
+        sweeps += [{**r, "_point": o.planned.point} for r in run.sweeps]
+        for s in run.summaries:
+            values = {m: METRICS[m][2](run, s) for m in study.metrics if m != "speedup"}
+            rows.append({"point": o.planned.point, "summary": s, "run": run, "values": values})
+    if "speedup" in study.metrics:
+        _speedups(rows)
+    if rows:
+        metrics = list(study.metrics)
+        header = [*axes, "strategy", "ranks", *(METRICS[m][0] for m in metrics)]
+        body = []
+        for row in rows:
+            point = dict(row["point"])
+            body.append(
+                [_point_text(point.get(a, "-")) for a in axes]
+                + [row["summary"]["strategy"], str(row["summary"]["world_size"])]
+                + [_metric_text(row["values"].get(m), METRICS[m][1]) for m in metrics]
+            )
+        blocks.append(rp.table(header, body))
+        labels = [
+            " ".join(f"{k}={_point_text(v)}" for k, v in row["point"] if k not in shown)
+            + f" {row['summary']['strategy']} x{row['summary']['world_size']}"
+            for row in rows
+        ]
+        for m in study.plot:
+            if m == "speedup" and not any(row["values"].get("speedup") is not None for row in rows):
+                continue
+            blocks += plots.add(
+                f"{group}-{m}",
+                lambda p, m=m: plot_grouped(
+                    [lab.strip() for lab in labels],
+                    {METRICS[m][0]: [r["values"].get(m) for r in rows]},
+                    p,
+                    METRICS[m][0],
+                    group,
+                ),
+                f"{METRICS[m][0]} ({group})",
+            )
+        blocks += _host_blocks(rows)
+    if sweeps:
+        body = [
+            [
+                " ".join(_point_text(v) for _, v in r["_point"]) or "-",
+                rp._size(r["size_bytes"]),
+                "limit (send/recv)" if r["collective"] == "sendrecv" else r["algorithm"],
+                rp.fmt(r["busbw_gbps"], ".3f"),
+                rp.fmt(r.get("frac_of_limit"), ".2f"),
+                rp.fmt(r.get("wire_bytes_ratio"), ".3f"),
+            ]
+            for r in sweeps
+        ]
+        blocks.append(
+            rp.table(["point", "size", "algorithm", "busbw (GB/s)", "of limit", "measured/computed"], body)
+        )
+        blocks += plots.add(
+            f"{group}-busbw",
+            lambda p: plot_busbw(sweeps, str(p), group),
+            f"busbw against size ({group}); dashed: the send/recv limit",
+        )
+    if spec.timelines:
+        for o in outcomes:
+            run = runs.get(o.planned.index)
+            if run is not None and run.probes:
+                label = " ".join(f"{k}={_point_text(v)}" for k, v in o.planned.point)
+                blocks += plots.add(
+                    f"{group}-timeline-{o.planned.index}",
+                    lambda p, run=run, label=label: plot_probe_timeline(run.probes[0], p, label),
+                    f"probe timeline: {label}",
+                )
+    return blocks
+
+
+def _metric_text(value: Any, spec: str) -> str:
+    if value is None:
+        return "-"
+    if spec == "d" or spec == ",d":
+        return format(int(value), spec)
+    return rp.fmt(value, spec)
+
+
+def _host_blocks(rows: list[dict[str, Any]]) -> list[rp.Block]:
+    """Per-node CPU and network, where the runs recorded more than one host."""
+    body = []
+    for row in rows:
+        s, run = row["summary"], row["run"]
+        hosts = _hosts(run, s["strategy"])
+        if len(hosts) < 2:
+            continue
+        step_s = s["step_time_ms"] / 1e3 if s["step_time_ms"] else None
+        for h in hosts:
+            body.append(
+                [
+                    " ".join(_point_text(v) for _, v in row["point"]),
+                    s["strategy"],
+                    str(h["rank"]),
+                    h.get("address", "-"),
+                    rp.mb(h["tx_bytes"]),
+                    rp.mb(h.get("computed_tx_bytes")),
+                    rp.fmt(h["tx_bytes"] / step_s / 1e6 if step_s else None, ".1f"),
+                    rp.fmt(100 * h["cpu_user"] / step_s if step_s else None, ".0f"),
+                    rp.fmt(100 * h["cpu_system"] / step_s if step_s else None, ".0f"),
+                ]
+            )
+    if not body:
+        return []
+    return [
+        rp.Para(
+            text="Per node (last epoch, per step): bytes sent at the host's interface beside the cost "
+            "model, send rate over the step time, and CPU as % of one core (user, system)."
+        ),
+        rp.table(
+            [
+                "point",
+                "strategy",
+                "host",
+                "address",
+                "tx MB/step",
+                "computed MB/step",
+                "send MB/s",
+                "CPU user %",
+                "CPU sys %",
+            ],
+            body,
+        ),
+    ]
+
+
+def write_study_report(
+    study: Study, scale: str, outcomes: Sequence[Outcome], out_dir: str | Path
+) -> tuple[Path, Path]:
+    """The study's report: what it reproduces, how each run was made, one table (and plot) per group,
+    and the computed-versus-measured bytes of every run."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = rp._Plots(out)
+    runs: dict[int, rp.Run] = {}
+    failures = []
+    for o in outcomes:
+        if o.returncode != 0:
+            failures.append(f"run {o.planned.index} exited with {o.returncode}: {shlex.join(o.argv)}")
+            continue
+        try:
+            runs[o.planned.index] = rp.load_run(o.planned.json_path, f"run {o.planned.index}")
+        except ValueError as exc:
+            failures.append(f"run {o.planned.index}: {exc}")
+    title = f"Study {study.name}: {study.title}"
+    total = sum(o.seconds for o in outcomes)
+    blocks: list[rp.Block] = [
+        rp.Heading(text=title, level=1),
+        rp.Para(text=study.about),
+        rp.Para(
+            text=f"Reference: shared/reference/{study.reference}. Scale: {scale}. {len(outcomes)} runs, "
+            f"{total:.0f} s in all. Re-run with: commbench study {study.name}"
+            + {"full": " --full", "tiny": " --tiny"}.get(scale, "")
+        ),
+    ]
+    notes = sorted({o.note for o in outcomes if o.note})
+    blocks += [rp.Para(text=f"Note: {n}.") for n in notes]
+    blocks += [rp.Para(text=f"FAILED: {f}") for f in failures]
+    if runs:
+        blocks += rp.machine_section([runs[min(runs)]])
+    blocks.append(rp.Heading(text="Results"))
+    for group in dict.fromkeys(o.planned.group for o in outcomes):
+        blocks += _group_blocks(study, group, [o for o in outcomes if o.planned.group == group], runs, plots)
+    checks = []
+    for o in outcomes:
+        run = runs.get(o.planned.index)
+        if run is None:
+            continue
+        ratios = [
+            r["wire_bytes_ratio"] for r in (*run.sweeps, *run.epochs) if r.get("wire_bytes_ratio") is not None
+        ]
+        flags = [
+            r["wire_check"]
+            for r in (*run.sweeps, *run.epochs)
+            if r.get("wire_check") and not r["wire_check"].startswith("not judged")
+        ]
+        judged = sum(
+            1
+            for r in (*run.sweeps, *run.epochs)
+            if r.get("wire_bytes_ratio") is not None
+            and not (r.get("wire_check") or "").startswith("not judged")
+        )
+        checks.append(
+            [
+                str(o.planned.index),
+                o.planned.group,
+                str(len(ratios)),
+                rp.fmt(statistics.median(ratios), ".4f") if ratios else "-",
+                str(judged),
+                str(len(flags)) + (f" ({flags[0]})" if flags else ""),
+            ]
+        )
+    if checks:
+        blocks += [
+            rp.Heading(text="Computed against measured bytes"),
+            rp.Para(
+                text="Per run: how many sweep points or epochs had their wire bytes counted at the "
+                "interface, the median of measured / computed, how many were large enough to judge (1 MiB "
+                "and more), and how many of those were flagged as outside tolerance."
+            ),
+            rp.table(["run", "group", "counted", "median ratio", "judged", "flagged"], checks),
+        ]
+    blocks += [
+        rp.Heading(text="Runs"),
+        rp.table(
+            ["run", "group", "seconds", "exit", "command"],
+            [
+                [
+                    str(o.planned.index),
+                    o.planned.group,
+                    f"{o.seconds:.1f}",
+                    str(o.returncode),
+                    "commbench " + shlex.join(_shown(o.argv, out)),
+                ]
+                for o in outcomes
+            ],
+        ),
+        rp.Para(
+            text="Each run's records are in runs/ beside this report; `commbench report runs/*.jsonl` "
+            "shows every detail (per-run tables, timelines, per-host bytes)."
+        ),
+    ]
+    return rp.write_report(blocks, out, title)
+
+
+def _shown(argv: Sequence[str], out: Path) -> list[str]:
+    """The command as the report shows it: paths relative to the report."""
+    prefix = str(out) + "/"
+    return [a[len(prefix) :] if a.startswith(prefix) else a for a in argv]
+
+
+# ---- the command ----------------------------------------------------------------------------
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``commbench study`` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "study",
+        help="re-run a reference study (a preset in studies/) and write its report",
+        description="Run the commbench runs a preset in studies/ lists (sweeps, train, compare over grids of "
+        "model, dataset, batch size and ranks), then write DIR/report.md and DIR/report.html. Default sizes "
+        "finish in minutes on a small CPU machine; --full uses the study's original sizes (GPU clusters).",
+    )
+    p.add_argument("name", nargs="?", default=None, help="the study (a file stem in studies/)")
+    p.add_argument(
+        "-o", "--output", default=None, help="directory for runs and report (default ./study-NAME)"
+    )
+    scale = p.add_mutually_exclusive_group()
+    scale.add_argument("--full", action="store_true", help="the study's original sizes (for GPU clusters)")
+    scale.add_argument(
+        "--tiny", action="store_true", help=f"a smoke test: every run shrunk to seconds (or {SCALE_ENV}=tiny)"
+    )
+    p.add_argument("--list", action="store_true", help="list the studies and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the commands the study would run, and exit")
+    p.add_argument("-q", "--quiet", action="store_true", help="no tables from the runs")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``commbench study``: list, plan or run a preset; prints one line per run and where the report is."""
+    import os
+
+    if args.list:
+        for name in known_studies():
+            print(f"{name:<24} {load_study(name).title}")
+        return 0
+    if not args.name:
+        raise ValueError(f"give a study name; known: {', '.join(known_studies())}")
+    scale = "full" if args.full else "tiny" if args.tiny else os.environ.get(SCALE_ENV, "default")
+    config = StudyConfig(name=args.name, scale=scale, out_dir=args.output, quiet=args.quiet)
+    if args.dry_run:
+        study = load_study(config.name)
+        planned = plan(study, config.scale, config.directory, cluster_ok=True)
+        validate(planned)
+        for p in planned:
+            print("commbench " + shlex.join(p.argv))
+        return 0
+
+    def announce(p: Planned, total: int) -> None:
+        print(
+            f"== study {config.name} [{p.index}/{total}] {p.group}: commbench {shlex.join(p.argv)}",
+            flush=True,
+        )
+
+    outcomes, md = run_study(config, on_run=announce)
+    failed = [o for o in outcomes if o.returncode != 0]
+    print(f"report: {md}  {md.with_suffix('.html')}" + (f"  ({len(failed)} run(s) failed)" if failed else ""))
+    return 1 if failed else 0

@@ -1,0 +1,84 @@
+"""``commbench profile`` on a 2-rank run: one profile per rank, shares that add up."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commbench.bench import profile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def py_spy() -> str:
+    tool = profile.find_py_spy()
+    try:
+        profile.check_py_spy(tool)
+    except ValueError as exc:
+        pytest.skip(f"cannot profile here: {exc}")
+    assert tool is not None
+    return tool
+
+
+def test_classify_frames():
+    assert (
+        profile.classify(["step (loop.py:1)", "ring_all_reduce (commbench/comm/ring.py:40)"])
+        == "communication"
+    )
+    assert (
+        profile.classify(["step (loop.py:1)", "wait (torch/distributed/distributed_c10d.py:9)"])
+        == "communication"
+    )
+    assert profile.classify(["step (loop.py:1)", "_call_impl (torch/nn/modules/module.py:1)"]) == "compute"
+    assert profile.classify(["run (x.py:1)", "init_process_group (distributed_c10d.py:2)"]) == "elsewhere"
+    assert profile.classify(["<module> (x.py:1)", "read (json.py:3)"]) == "elsewhere"
+    assert profile.classify(
+        ["_find_and_load (<frozen importlib._bootstrap>:1)", "<module> (torch/nn/a.py:1)"]
+    ) == ("elsewhere")
+    stacks = profile.parse_collapsed(["a (x.py:1);b (y.py:2) 7\n", "garbage\n", "c (z.py:3) 2\n"])
+    assert stacks == [(["a (x.py:1)", "b (y.py:2)"], 7), (["c (z.py:3)"], 2)]
+
+
+def test_two_rank_profile(py_spy, tmp_path):
+    out = tmp_path / "prof"
+    done = subprocess.run(
+        [sys.executable, "-m", "commbench", "profile", "-o", str(out), "--rate", "50", "--no-native", "--",
+         "compare", "--world-size", "2", "--strategies", "ring,ddp", "--model", "mlp", "--model-opt",
+         "widths=256,256", "--samples", "4096", "--steps-per-epoch", "15", "--no-eval", "--no-probe", "-q"],
+        capture_output=True, text=True, cwd=ROOT, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    ranks = summary["ranks"]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for r in ranks:
+        raw = Path(r["raw_path"])
+        assert raw.exists() and raw.name.startswith(f"rank{r['rank']}-pid{r['pid']}")
+        speedscope = json.loads(Path(r["profile_path"]).read_text())
+        assert speedscope["profiles"][0]["type"] == "sampled"
+        assert r["samples"] > 0
+        assert r["communication"] + r["compute"] + r["elsewhere"] == r["samples"]
+        assert r["communication"] > 0 and r["compute"] > 0
+    rows = [line.split() for line in done.stdout.splitlines() if line[:4].strip() in ("0", "1")]
+    assert len(rows) == 2
+    for row in rows:
+        shares = [float(x.rstrip("%")) for x in row[3:6]]
+        assert abs(sum(shares) - 100) < 0.5
+
+
+def test_flamegraph_writer(tmp_path):
+    stacks = [(["main (a.py:1)", "ring_all_reduce (commbench/comm/ring.py:2)"], 5), (["main (a.py:1)"], 3)]
+    path = tmp_path / "f.svg"
+    profile.write_flamegraph(stacks, path, "t")
+    text = path.read_text()
+    assert text.startswith("<svg") and "ring_all_reduce" in text and "#e4572e" in text and "{y" not in text
+
+
+def test_missing_py_spy_is_one_line():
+    with pytest.raises(ValueError, match="py-spy not found"):
+        profile.check_py_spy(None)

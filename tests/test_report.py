@@ -1,0 +1,130 @@
+"""``commbench report`` renders from records commbench wrote in this module (one sweep, one compare)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commbench.bench import reporting
+from commbench.bench.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _commbench(args: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "commbench", *args], capture_output=True, text=True, cwd=ROOT, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> dict[str, Path]:
+    """A sweep (sizes up to 2 MiB, so the byte check judges some points) and a two-strategy compare."""
+    d = tmp_path_factory.mktemp("records")
+    sweep, compare = d / "sweep.jsonl", d / "compare.jsonl"
+    _commbench(["sweep", "--world-size", "2", "-b", "256K", "-e", "2M", "-f", "8", "-n", "2", "-w", "1",
+                "-a", "builtin,ring", "-q", "--json", str(sweep)])  # fmt: skip
+    _commbench(["compare", "--world-size", "2", "--strategies", "ring,ddp", "--model", "mlp", "--model-opt",
+                "widths=64", "--samples", "512", "--steps-per-epoch", "3", "--epochs", "2", "-q", "--json",
+                str(compare)])  # fmt: skip
+    return {"sweep": sweep, "compare": compare}
+
+
+def _images(md: str) -> list[str]:
+    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+
+
+def test_report_has_every_section_and_its_images(recorded, tmp_path):
+    out = tmp_path / "rep"
+    assert main(["report", str(recorded["sweep"]), str(recorded["compare"]), "-o", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    page = (out / "report.html").read_text()
+    for needle in (
+        "## Machine",
+        "### Sweep: all_reduce, 2 ranks",
+        "limit (send/recv)",
+        "| 2M | ring |",
+        "### Training: mlp on synthetic, 2 ranks",
+        "| ring | 2 |",
+        "### Computed against measured bytes",
+        "all_reduce builtin 2M",
+        "#### Per host",
+        "### Probe timeline",
+    ):
+        assert needle in md, needle
+    images = _images(md)
+    assert {"sweep-busbw-all-reduce-ws2.png", "compare-breakdown.png", "compare-loss.png"} <= set(images)
+    assert any("timeline" in i for i in images) and any("throughput" in i for i in images)
+    for name in images:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f'<img src="{name}"' in page
+    assert (
+        "<style>" in page
+        and "<table>" in page
+        and "http" not in page.replace("http://www.w3.org", "").replace("https://", "")
+    )  # self-contained: no stylesheet or script fetched from elsewhere
+
+
+def test_judged_points_are_ok_or_flagged(recorded):
+    run = reporting.load_run(recorded["sweep"])
+    judged = [r for r in run.sweeps if r["size_bytes"] >= 1 << 20 and r.get("computed_wire_bytes")]
+    assert judged
+    rows = {tuple(r) for r in reporting.wire_section(run)[2].rows}
+    for r in judged:
+        expected = "ok" if r["wire_check"] is None else "FLAG: " + r["wire_check"]
+        assert any(
+            row[0].endswith(f"{r['algorithm']} 2M") and row[-1] == expected for row in rows if "2M" in row[0]
+        )
+
+
+def _scaled_copy(src: Path, dst: Path, busbw: float, step: float) -> Path:
+    lines = []
+    for line in src.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("type") == "sweep":
+            r["busbw_gbps"] *= busbw
+        if r.get("type") == "train_summary":
+            r["step_time_ms"] *= step
+            r["images_per_s"] /= step
+        lines.append(json.dumps(r))
+    dst.write_text("\n".join(lines) + "\n")
+    return dst
+
+
+def test_baseline_shows_ratios(recorded, tmp_path):
+    base_sweep = _scaled_copy(recorded["sweep"], tmp_path / "base-sweep.jsonl", busbw=0.5, step=1.0)
+    base_cmp = _scaled_copy(recorded["compare"], tmp_path / "base-compare.jsonl", busbw=1.0, step=2.0)
+    out = tmp_path / "rep"
+    argv = ["report", str(recorded["sweep"]), str(recorded["compare"]), "-o", str(out), "--baseline"]
+    assert main([*argv, str(base_sweep), str(base_cmp)]) == 0
+    md = (out / "report.md").read_text()
+    section = md[md.index("## Against the baseline") :]
+    busbw_rows = [line for line in section.splitlines() if line.startswith("| all_reduce |")]
+    assert busbw_rows and all(line.rstrip(" |").endswith("2.00") for line in busbw_rows)
+    step_rows = [line for line in section.splitlines() if line.startswith(("| ring |", "| ddp |"))]
+    assert len(step_rows) == 2 and all("| 0.50 | 2.00 |" in line for line in step_rows)
+    assert (out / "baseline-busbw.png").exists() and (out / "baseline-step-time.png").exists()
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (None, "cannot read"),
+        ("not json\n", "is not JSON Lines"),
+        ('{"type": "header"}\n', "holds no commbench records"),
+        ('{"type": "sweep", "collective": "all_reduce"}\n', "not written by commbench"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys, content, needle):
+    path = tmp_path / "r.jsonl"
+    if content is not None:
+        path.write_text(content)
+    assert main(["report", str(path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1

@@ -1,0 +1,100 @@
+"""Every preset in studies/ parses and validates at every scale, and runs at the tiny scale."""
+
+from __future__ import annotations
+
+import pytest
+
+from commbench.bench import study
+from commbench.bench.cli import main
+
+NAMES = study.known_studies()
+
+
+def test_five_presets_one_per_reference_study():
+    assert len(NAMES) == 5
+    refs = [study.load_study(n).reference for n in NAMES]
+    assert len(set(refs)) == 5 and all(r.endswith(".txt") for r in refs)
+    assert [r[:3] for r in sorted(refs)] == [n[:3] for n in NAMES]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("scale", study.SCALES)
+def test_preset_plans_and_validates(name, scale, tmp_path):
+    s = study.load_study(name)
+    planned = study.plan(s, scale, tmp_path, cluster_ok=True)
+    assert planned
+    study.validate(planned)  # every command line parses and builds its config
+    if scale == "tiny":
+        assert len(planned) == 1 and planned[0].argv[0] != "cluster"
+    assert len({p.json_path for p in planned}) == len(planned)
+
+
+def test_grid_is_the_product_and_full_changes_sizes(tmp_path):
+    s = study.load_study("004_batch_scaling")
+    default = study.plan(s, "default", tmp_path)
+    scaling = [p for p in default if p.group.startswith("strong scaling")]
+    assert [dict(p.point) for p in scaling] == [
+        {"batch-size": b, "world-size": w} for b in (16, 64) for w in (1, 2)
+    ]
+    full = study.plan(s, "full", tmp_path)
+    assert any("cuda" in p.argv for p in full) and len(full) > len(default)
+    assert not any("cuda" in p.argv for p in default)
+
+
+def test_cluster_group_falls_back_to_local_ranks(tmp_path):
+    s = study.load_study("001_sync_strategies")
+    with_cluster = study.plan(s, "default", tmp_path, cluster_ok=True)
+    assert all(p.argv[0] == "cluster" and p.local_argv and p.local_argv[0] == "compare" for p in with_cluster)
+    local = study.plan(s, "default", tmp_path, cluster_ok=False)
+    assert all(p.argv[0] == "compare" and "--world-size" in p.argv and p.note for p in local)
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        (
+            'title = "t"\nreference = "r"\nabout = "a"\n[[group]]\ncommand = "dance"\n',
+            "command must be one of",
+        ),
+        ('title = "t"\nreference = "r"\nabout = "a"\nbogus = 1\n', "unknown keys"),
+        ('title = "t"\nreference = "r"\nabout = "a"\nmetrics = ["speed"]\n[[group]]\n', "unknown metric"),
+        (
+            'title = "t"\nreference = "r"\nabout = "a"\n[[group]]\ngrid = { batch-size = [] }\n',
+            "non-empty list",
+        ),
+        ("title = [\n", "bad.toml"),
+    ],
+)
+def test_bad_preset_names_the_problem(tmp_path, text, needle):
+    (tmp_path / "bad.toml").write_text(text)
+    with pytest.raises(ValueError, match=needle):
+        study.load_study("bad", tmp_path)
+
+
+def test_unknown_study_lists_the_known_ones(capsys):
+    assert main(["study", "no-such-study"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(n in err for n in NAMES)
+
+
+def test_list(capsys):
+    assert main(["study", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(n in out for n in NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tiny_run_writes_the_report(name, tmp_path):
+    config = study.StudyConfig(name=name, scale="tiny", out_dir=str(tmp_path / name), quiet=True)
+    outcomes, md = study.run_study(config)
+    assert [o.returncode for o in outcomes] == [0]
+    text = md.read_text()
+    assert f"# Study {name}" in text and "## Results" in text and "FAILED" not in text
+    group = outcomes[0].planned.group
+    assert f"### {group}" in text
+    section = text[text.index(f"### {group}") :]
+    assert "|---|" in section  # the group's table
+    assert (md.parent / "report.html").exists()
+    for line in text.splitlines():
+        if line.startswith("!["):
+            assert (md.parent / line[line.index("](") + 2 : -1]).exists()
