@@ -94,14 +94,9 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)}")
     p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce")
     p.add_argument("--no-limit", action="store_true", help="skip the send/recv transport-limit series")
-    p.add_argument(
-        "--no-probe",
-        action="store_true",
-        help="skip the probes: the per-point count of interface bytes and the rank-0 sampler",
-    )
-    p.add_argument(
-        "--probe-interval", type=float, default=0.1, help="sampler interval in seconds (default 0.1)"
-    )
+    from commbench.bench.probing import add_probe_args
+
+    add_probe_args(p, "each point's extra calls")
     p.add_argument(
         "--probe-iters",
         type=int,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from commbench.probes import host
@@ -42,4 +43,16 @@ def overhead_line(record: dict[str, Any]) -> str:
     return (
         f"# probe: {len(record['samples'])} samples in {record['wall_s']:.1f} s; the sampler used "
         f"{100 * record['overhead_core_fraction']:.2f}% of one core"
+    )
+
+
+def add_probe_args(p: argparse.ArgumentParser, counted: str) -> None:
+    """``--no-probe`` and ``--probe-interval``; ``counted`` says what the byte count runs around."""
+    p.add_argument(
+        "--no-probe",
+        action="store_true",
+        help=f"skip the probes: interface bytes counted around {counted}, and the rank-0 sampler",
+    )
+    p.add_argument(
+        "--probe-interval", type=float, default=0.1, help="sampler interval in seconds (default 0.1)"
     )

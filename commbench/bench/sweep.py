@@ -283,7 +283,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
                 frac_of_limit=busbw[s] / busbw[LIMIT] if LIMIT in busbw else None,
                 computed_sent_bytes_per_rank=sent,
                 computed_recv_bytes_per_rank=recv,
-                **_wire_fields(counted.get(s)),
+                **(counted[s].fields() if s in counted else {}),
             )
             out.append(record)
             if rank == 0:
@@ -316,19 +316,6 @@ def _count_wire(
         # the cost model repeats itself and stays flagged.
         counted = counter.count(once, config.probe_iters, sent, recv, size_bytes)
     return counted
-
-
-def _wire_fields(counted) -> dict:
-    if counted is None:
-        return {}
-    return {
-        "computed_wire_bytes": counted.computed_wire_bytes,
-        "measured_wire_bytes": counted.measured_wire_bytes,
-        "wire_bytes_ratio": counted.wire_bytes_ratio,
-        "wire_expected_ratio": counted.wire_expected_ratio,
-        "wire_check": counted.wire_check,
-        "hosts": [dataclasses.asdict(h) for h in counted.hosts],
-    }
 
 
 class Rank0Output:

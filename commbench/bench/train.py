@@ -58,14 +58,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="bucket cap in MiB (default 25, as DDP)")
     p.add_argument("--first-bucket-mb", type=float, default=1.0, help="first bucket's cap in MiB (default 1)")
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation after each epoch")
-    p.add_argument(
-        "--no-probe",
-        action="store_true",
-        help="skip the probes: interface bytes around each step and the rank-0 sampler",
-    )
-    p.add_argument(
-        "--probe-interval", type=float, default=0.1, help="sampler interval in seconds (default 0.1)"
-    )
+    from commbench.bench.probing import add_probe_args
+
+    add_probe_args(p, "each step")
     p.add_argument("--json", default=None, help="write JSON Lines here (header, epochs, summaries)")
     p.add_argument("--plot", default=None, help="write the time-breakdown PNG here (loss curves beside it)")
     p.add_argument("-q", "--quiet", action="store_true", help="no table and no progress bar")

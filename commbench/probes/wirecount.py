@@ -51,6 +51,17 @@ class WireCount:
     wire_expected_ratio: float
     wire_check: str | None  # None: within tolerance; else why not (or why not checked)
 
+    def fields(self) -> dict[str, Any]:
+        """The keys a sweep or epoch record carries for this count."""
+        return {
+            "computed_wire_bytes": self.computed_wire_bytes,
+            "measured_wire_bytes": self.measured_wire_bytes,
+            "wire_bytes_ratio": self.wire_bytes_ratio,
+            "wire_expected_ratio": self.wire_expected_ratio,
+            "wire_check": self.wire_check,
+            "hosts": [dataclasses.asdict(h) for h in self.hosts],
+        }
+
 
 def _node_id() -> str:
     """Hostname plus network namespace: ranks with the same id see the same interfaces."""

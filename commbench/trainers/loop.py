@@ -422,18 +422,7 @@ def epoch_record(
         comm_ms=median_ms(col["comm"]),
         hidden_comm_fraction=hidden_fraction(times),
         step_losses=[float(v) for v in losses],
-        **(
-            {}
-            if wire is None
-            else {
-                "computed_wire_bytes": wire.computed_wire_bytes,
-                "measured_wire_bytes": wire.measured_wire_bytes,
-                "wire_bytes_ratio": wire.wire_bytes_ratio,
-                "wire_expected_ratio": wire.wire_expected_ratio,
-                "wire_check": wire.wire_check,
-                "hosts": [dataclasses.asdict(h) for h in wire.hosts],
-            }
-        ),
+        **({} if wire is None else wire.fields()),
     )
 
 
