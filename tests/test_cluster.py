@@ -232,7 +232,9 @@ def test_three_hosts_bytes_per_host_match_the_cost_model(tmp_path, capfd):
     # What rank 0 moves beyond the others is naive's (n-1)x - 1x: as computed, within 6%.
     assert (tx[0] - tx[1]) == pytest.approx(ctx[0] - ctx[1], rel=0.06)
     assert ctx[0] - ctx[1] > 0.2 * ctx[1]
-    assert abs(tx[1] - tx[2]) < 0.01 * tx[1]  # the non-roots (and ring everywhere) are balanced
+    # The non-roots are balanced; naive's senders converge on rank 0's one port, and the drops of
+    # that queue make retransmissions of up to a few percent, on one sender more than another.
+    assert abs(tx[1] - tx[2]) < 0.04 * tx[1]
     assert "# cluster: 3 hosts" in captured.out and "alpha-beta fit" in captured.out
     per_iter = [r for r in sweep if r.get("hosts")]
     for r in per_iter:  # where the sweep counted bytes per iteration itself (COMMBENCH_NIC)

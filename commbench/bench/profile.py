@@ -209,9 +209,11 @@ def _discover(top: Any, top_pid: int) -> dict[int, int]:
             found[c.pid] = rank
         else:
             try:
-                spawned.setdefault(c.ppid(), []).append(c.pid)
+                parent = c.ppid()
             except psutil.Error:
                 continue
+            if parent == top_pid:  # the launcher runs in the top process: its spawned children are
+                spawned.setdefault(parent, []).append(c.pid)  # the ranks; deeper ones are not
     for pids in spawned.values():
         for i, pid in enumerate(sorted(pids)):
             found.setdefault(pid, i)
