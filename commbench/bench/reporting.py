@@ -216,6 +216,16 @@ def fmt(x: Any, spec: str = ".3g") -> str:
     return format(x, spec)
 
 
+def _host_row(label: str, h: dict[str, Any], cpu: list[str]) -> list[str]:
+    """One row of the per-host table: measured and computed bytes each way, their ratio, CPU."""
+    cells = [label, str(h.get("rank")), h.get("address", "-"), h.get("nic", "-")]
+    for way in ("tx", "rx"):
+        measured, computed = h.get(f"{way}_bytes"), h.get(f"computed_{way}_bytes")
+        ratio = measured / computed if computed and measured is not None else None
+        cells += [fmt(measured, ",d"), fmt(computed, ",d"), fmt(ratio, ".3f")]
+    return cells + cpu
+
+
 def pct(x: float | None, digits: int = 0) -> str:
     return "-" if x is None else f"{100 * x:.{digits}f}%"
 
@@ -393,42 +403,11 @@ def wire_section(run: Run) -> list[Block]:
     points += [(f"{s} epoch {r['epoch']} (per step)", r) for s, r in epoch_last.items()]
     for label, r in points:
         for h in r["hosts"]:
-            ctx, crx = h.get("computed_tx_bytes"), h.get("computed_rx_bytes")
-            host_rows.append(
-                [
-                    label,
-                    str(h.get("rank")),
-                    h.get("address", "-"),
-                    h.get("nic", "-"),
-                    fmt(h.get("tx_bytes"), ",d"),
-                    fmt(ctx, ",d"),
-                    fmt(h["tx_bytes"] / ctx if ctx else None, ".3f"),
-                    fmt(h.get("rx_bytes"), ",d"),
-                    fmt(crx, ",d"),
-                    fmt(h["rx_bytes"] / crx if crx else None, ".3f"),
-                    fmt(h.get("cpu_user"), ".4f"),
-                    fmt(h.get("cpu_system"), ".4f"),
-                ]
-            )
+            cpu = [fmt(h.get("cpu_user"), ".4f"), fmt(h.get("cpu_system"), ".4f")]
+            host_rows.append(_host_row(label, h, cpu))
     for c in run.clusters:
         for h in c.get("hosts", []):
-            ctx, crx = h.get("computed_tx_bytes"), h.get("computed_rx_bytes")
-            host_rows.append(
-                [
-                    "whole run (cluster)",
-                    str(h.get("rank")),
-                    h.get("address", "-"),
-                    h.get("nic", "-"),
-                    fmt(h.get("tx_bytes"), ",d"),
-                    fmt(ctx, ",d"),
-                    fmt(h["tx_bytes"] / ctx if ctx else None, ".3f"),
-                    fmt(h.get("rx_bytes"), ",d"),
-                    fmt(crx, ",d"),
-                    fmt(h["rx_bytes"] / crx if crx else None, ".3f"),
-                    "-",
-                    "-",
-                ]
-            )
+            host_rows.append(_host_row("whole run (cluster)", h, ["-", "-"]))
     if host_rows:
         blocks += [
             Heading(text="Per host", level=4),

@@ -232,9 +232,10 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
             w = torch.tensor(local, dtype=torch.int64, device=device if backend == "nccl" else "cpu")
             dist.all_reduce(w)
             wrong = dict(zip(config.series, w.cpu().tolist(), strict=True))
+        model = {s: _model_bytes(config, s, size_bytes, count, world) for s in config.series}
         counted = (
             {
-                s: _count_wire(counter, config, s, bufs[s], spec, limit_spec, workspace, size_bytes, count)
+                s: _count_wire(counter, config, s, bufs[s], spec, limit_spec, workspace, size_bytes, model[s])
                 for s in config.series
             }
             if counter is not None
@@ -251,12 +252,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
         }
         for s in config.series:
             name = "sendrecv" if s == LIMIT else config.collective
-            resolved = "p2p" if s == LIMIT or name == "sendrecv" else comm.resolve(name, s, size_bytes, world)
-            if name == "sendrecv":
-                sent = recv = [size_bytes if world > 1 else 0] * world
-            else:
-                c = cost(name, resolved, world, count, dtype.itemsize, root=config.root)
-                sent, recv = list(c.sent_bytes), list(c.recv_bytes)
+            resolved, sent, recv = model[s]
             algbw = size_bytes / (st[s]["time_us"] / 1e6) / 1e9
             record = SweepRecord(
                 collective=name,
@@ -291,19 +287,25 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
     return out
 
 
+def _model_bytes(
+    config: SweepConfig, s: str, size_bytes: int, count: int, world: int
+) -> tuple[str, list[int], list[int]]:
+    """What series ``s`` resolves to at this size, and the bytes each rank sends and receives per call."""
+    if s == LIMIT or config.collective == "sendrecv":
+        sent = [size_bytes if world > 1 else 0] * world
+        return "p2p", sent, list(sent)
+    resolved = comm.resolve(config.collective, s, size_bytes, world)
+    c = cost(config.collective, resolved, world, count, size_bytes // count, root=config.root)
+    return resolved, list(c.sent_bytes), list(c.recv_bytes)
+
+
 def _count_wire(
-    counter, config: SweepConfig, s: str, b, spec, limit_spec, workspace, size_bytes: int, count: int
+    counter, config: SweepConfig, s: str, b, spec, limit_spec, workspace, size_bytes: int, model: tuple
 ):
     """The counting pass of one series at one size: interface bytes per call beside the model's."""
-    world = dist.get_world_size()
     sp = limit_spec if s == LIMIT else spec
     algo = "p2p" if s == LIMIT else s
-    if sp is limit_spec:
-        sent = recv = [size_bytes if world > 1 else 0] * world
-    else:
-        resolved = comm.resolve(config.collective, s, size_bytes, world)
-        c = cost(config.collective, resolved, world, count, size_bytes // count, root=config.root)
-        sent, recv = list(c.sent_bytes), list(c.recv_bytes)
+    _, sent, recv = model
 
     def once() -> None:
         b.input.copy_(b.reference)

@@ -121,7 +121,7 @@ class WireCounter:
                 self.info.append((nic, address))
             self.hosts[seen[(node, nic)]].append(r)
 
-    def _read(self) -> tuple[host.NicCounters, host.CpuTimes]:
+    def read(self) -> tuple[host.NicCounters, host.CpuTimes]:
         return host.read_nic(self.nic), host.cpu_times()
 
     def check_link(self, delta: host.NicCounters, seconds: float) -> None:
@@ -148,14 +148,14 @@ class WireCounter:
             size_bytes: the message size; below 1 MiB the check is reported, not judged.
         """
         dist.barrier()
-        nic0, cpu0 = self._read()
+        nic0, cpu0 = self.read()
         t0 = time.perf_counter()
         for _ in range(iters):
             run()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         dist.barrier()
-        nic1, cpu1 = self._read()
+        nic1, cpu1 = self.read()
         elapsed = time.perf_counter() - t0
         work = host.nic_delta(nic0, nic1)
         # Two idle intervals as long as the pass; the quieter one is the baseline, so a burst of
@@ -250,12 +250,12 @@ class StepWindows:
     def around(self, key: str, run: Callable[[], None]) -> None:
         """Run ``run`` and add what the interface counted meanwhile to ``key``'s total."""
         dist.barrier()
-        nic0, cpu0 = self.counter._read()
+        nic0, cpu0 = self.counter.read()
         t0 = time.perf_counter()
         run()
         dist.barrier()
         elapsed = time.perf_counter() - t0
-        nic1, cpu1 = self.counter._read()
+        nic1, cpu1 = self.counter.read()
         d = host.nic_delta(nic0, nic1)
         row = self.acc.setdefault(key, [0.0] * 6)
         for i, v in enumerate(
