@@ -64,3 +64,23 @@ def test_backend_follows_device():
     assert LaunchSpec().resolved_backend == "gloo"
     assert LaunchSpec(device="cuda").resolved_backend == "nccl"
     assert LaunchSpec(device="cuda", backend="gloo").resolved_backend == "gloo"
+
+
+def test_rendezvous_event_names_match_torchs_own_helper():
+    import inspect
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from commbench.bench import launch
+
+    def recording_method() -> tuple[str, str]:
+        return launch._method_name(), inspect.stack()[1].function  # torch's depth 2, seen from here
+
+    def caller() -> tuple[str, str]:
+        return recording_method()
+
+    ours, torchs = caller()
+    assert ours == torchs == "caller"
+    assert launch._method_name(10_000) == "no_method_name"
+    launch._cheap_rendezvous_event_names()
+    assert dynamic_rendezvous.get_method_name is launch._method_name

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import nn
 
 Shape = tuple[int, int, int]
@@ -282,13 +281,21 @@ def _load_weights(model: nn.Module, name: str, path: str) -> None:
         ) from e
 
 
+def _torchvision_models() -> Any:
+    """``torchvision.models``, imported on first use: the import costs seconds of start-up that
+    every command which builds no torchvision model (sweep, report, ``--help``) would pay."""
+    import torchvision.models
+
+    return torchvision.models
+
+
 def _build_backbone(name: str, opts: BackboneOptions, num_classes: int) -> nn.Module:
     spec = _BACKBONES[name]
     if opts.image_size < spec.min_image_size:
         raise ValueError(
             f"option image_size: {name} needs at least {spec.min_image_size}, got {opts.image_size}"
         )
-    full = getattr(torchvision.models, name)(weights=None)
+    full = getattr(_torchvision_models(), name)(weights=None)
     if opts.weights is not None:
         _load_weights(full, name, opts.weights)
     hidden = spec.default_hidden if opts.hidden is None else opts.hidden
@@ -368,7 +375,7 @@ def resnet18_cifar(input_shape: Shape, num_classes: int) -> nn.Module:
     torchvision's ResNet-18 with its ImageNet stem (7x7 stride 2 plus max-pool) swapped for the
     CIFAR one; the global average pool makes it accept any input size.
     """
-    model = torchvision.models.resnet18(weights=None, num_classes=num_classes)
+    model = _torchvision_models().resnet18(weights=None, num_classes=num_classes)
     model.conv1 = nn.Conv2d(input_shape[0], 64, kernel_size=3, stride=1, padding=1, bias=False)
     nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
     model.maxpool = nn.Identity()
