@@ -2,7 +2,20 @@ from __future__ import annotations
 
 import pytest
 
-from tests.world import World
+from tests import recorded
+from tests.world import worlds_of
+
+
+@pytest.fixture(scope="session")
+def recorded_sweep(tmp_path_factory) -> recorded.Run:
+    """The session's one real sweep (see tests/recorded.py)."""
+    return recorded.record_sweep(tmp_path_factory.mktemp("recorded-sweep"))
+
+
+@pytest.fixture(scope="session")
+def recorded_compare(tmp_path_factory) -> recorded.Run:
+    """The session's one real compare (see tests/recorded.py)."""
+    return recorded.record_compare(tmp_path_factory.mktemp("recorded-compare"))
 
 
 @pytest.fixture(scope="module")
@@ -11,16 +24,8 @@ def worlds():
     and their launchers are not left polling while later modules run)."""
     from tests.cases import run_case
 
-    started: dict[int, World] = {}
-
-    def get(size: int) -> World:
-        if size not in started:
-            started[size] = World(size, run_case)
-        return started[size]
-
-    yield get
-    for w in started.values():
-        w.close()
+    with worlds_of(run_case) as get:
+        yield get
 
 
 def pytest_collection_modifyitems(config, items):

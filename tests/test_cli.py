@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from commbench.bench.cli import main
+from tests import recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
@@ -62,47 +63,17 @@ def test_cuda_without_cuda_is_bad_input(capsys):
     assert "CUDA is not available" in capsys.readouterr().err
 
 
-def _run(args: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "commbench", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=240,
-        **kw,
-    )
-
-
-def test_sweep_writes_table_json_csv_and_plot(tmp_path):
-    out = _run(
-        [
-            "sweep",
-            "-b",
-            "1K",
-            "-e",
-            "64K",
-            "-f",
-            "8",
-            *SMALL,
-            "-a",
-            "builtin,ring,auto",
-            "--json",
-            str(tmp_path / "r.jsonl"),
-            "--csv",
-            str(tmp_path / "r.csv"),
-            "--plot",
-            str(tmp_path / "r.png"),
-        ]
-    )
-    assert out.returncode == 0, out.stderr
+def test_sweep_writes_table_json_csv_and_plot(recorded_sweep):
+    out = recorded_sweep
     assert "busbw(GB/s)" in out.stdout and "limit" in out.stdout
-    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    lines = out.records()
     header, records = lines[0], [r for r in lines[1:] if r["type"] == "sweep"]
     (probe,) = [r for r in lines if r["type"] == "probe"]  # the rank-0 sampler's timeline, written last
     assert lines[-1] is probe and probe["samples"] and probe["nic"] == "lo"
     assert header["type"] == "header" and header["torch"] and "sweep" in header["command"]
-    assert len(records) == 3 * 4  # sizes 1K, 8K, 64K x (builtin, ring, auto, limit)
-    assert {r["algorithm"] for r in records} == {"builtin", "ring", "auto", "p2p"}
+    assert len(records) == len(recorded.SWEEP_SIZES) * (len(recorded.SWEEP_ALGORITHMS) + 1)  # + limit
+    assert {r["algorithm"] for r in records} == {*recorded.SWEEP_ALGORITHMS, "p2p"}
+    assert sorted({r["size_bytes"] for r in records}) == list(recorded.SWEEP_SIZES)
     assert all(r["resolved_algorithm"] in ("rd", "ring") for r in records if r["algorithm"] == "auto")
     for r in records:
         for key in (
@@ -129,12 +100,15 @@ def test_sweep_writes_table_json_csv_and_plot(tmp_path):
             assert key in r
         assert r["wrong"] == 0
         assert r["time_us_min"] <= r["time_us"] <= r["time_us_max"]
-    ring = [r for r in records if r["algorithm"] == "ring"]
-    assert all(r["busbw_gbps"] == pytest.approx(r["algbw_gbps"]) for r in ring)  # factor 1 at 2 ranks
-    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    n = recorded.SWEEP_WORLD
+    for r in records:
+        factor = 2 * (n - 1) / n if r["algorithm"] != "p2p" else 1.0  # nccl-tests' all_reduce factor
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor, rel=1e-3), r["algorithm"]
+    rows = list(csv.DictReader(out.csv.open()))
     assert len(rows) == len(records)
-    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
-    assert (tmp_path / "r-timeline.png").read_bytes()[:4] == b"\x89PNG"  # the probe timeline
+    assert out.plot.read_bytes()[:4] == b"\x89PNG"
+    timeline = out.plot.with_name(out.plot.stem + "-timeline.png")  # the probe timeline
+    assert timeline.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_path):
@@ -196,30 +170,14 @@ def test_summary_rejects_files_it_did_not_write(tmp_path, capsys, content, needl
     assert needle in err and err.count("\n") == 1
 
 
-def test_summary_prints_ratio_tables(tmp_path, capsys):
-    out = _run(
-        [
-            "sweep",
-            "-b",
-            "4K",
-            "-e",
-            "8K",
-            *SMALL,
-            "-a",
-            "builtin,ring",
-            "--json",
-            str(tmp_path / "r.jsonl"),
-            "-q",
-        ]
-    )
-    assert out.returncode == 0, out.stderr
-    assert main(["summary", str(tmp_path / "r.jsonl")]) == 0
+def test_summary_prints_ratio_tables(recorded_sweep, capsys):
+    assert main(["summary", str(recorded_sweep.json)]) == 0
     table = capsys.readouterr().out
-    assert "| 4096 |" in table and "| 8192 |" in table and "ring / builtin" in table
+    assert "| 2048 |" in table and "| 2097152 |" in table and "ring / builtin" in table
 
 
 def test_sendrecv_defaults_to_its_only_algorithm(tmp_path):
-    out = _run(
+    out = recorded.commbench(
         [
             "sweep",
             "--collective",

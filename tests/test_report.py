@@ -1,39 +1,22 @@
-"""``commbench report`` renders from records commbench wrote in this module (one sweep, one compare)."""
+"""``commbench report`` renders from records commbench wrote: the session's sweep and compare."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from commbench.bench import reporting
 from commbench.bench.cli import main
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _commbench(args: list[str]) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "commbench", *args], capture_output=True, text=True, cwd=ROOT, timeout=240
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+from tests.recorded import COMPARE_STRATEGIES
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory) -> dict[str, Path]:
-    """A sweep (sizes up to 2 MiB, so the byte check judges some points) and a two-strategy compare."""
-    d = tmp_path_factory.mktemp("records")
-    sweep, compare = d / "sweep.jsonl", d / "compare.jsonl"
-    _commbench(["sweep", "--world-size", "2", "-b", "256K", "-e", "2M", "-f", "8", "-n", "2", "-w", "1",
-                "-a", "builtin,ring", "-q", "--json", str(sweep)])  # fmt: skip
-    _commbench(["compare", "--world-size", "2", "--strategies", "ring,ddp", "--model", "mlp", "--model-opt",
-                "widths=64", "--samples", "512", "--steps-per-epoch", "3", "--epochs", "2", "-q", "--json",
-                str(compare)])  # fmt: skip
-    return {"sweep": sweep, "compare": compare}
+def recorded(recorded_sweep, recorded_compare) -> dict[str, Path]:
+    """The session's sweep (sizes up to 2 MiB, so the byte check judges some points) and compare."""
+    return {"sweep": recorded_sweep.json, "compare": recorded_compare.json}
 
 
 def _images(md: str) -> list[str]:
@@ -47,7 +30,7 @@ def test_report_has_every_section_and_its_images(recorded, tmp_path):
     page = (out / "report.html").read_text()
     for needle in (
         "## Machine",
-        "### Sweep: all_reduce, 2 ranks",
+        "### Sweep: all_reduce, 3 ranks",
         "limit (send/recv)",
         "| 2M | ring |",
         "### Training: mlp on synthetic, 2 ranks",
@@ -59,7 +42,7 @@ def test_report_has_every_section_and_its_images(recorded, tmp_path):
     ):
         assert needle in md, needle
     images = _images(md)
-    assert {"sweep-busbw-all-reduce-ws2.png", "compare-breakdown.png", "compare-loss.png"} <= set(images)
+    assert {"sweep-busbw-all-reduce-ws3.png", "compare-breakdown.png", "compare-loss.png"} <= set(images)
     assert any("timeline" in i for i in images) and any("throughput" in i for i in images)
     for name in images:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
@@ -107,8 +90,9 @@ def test_baseline_shows_ratios(recorded, tmp_path):
     section = md[md.index("## Against the baseline") :]
     busbw_rows = [line for line in section.splitlines() if line.startswith("| all_reduce |")]
     assert busbw_rows and all(line.rstrip(" |").endswith("2.00") for line in busbw_rows)
-    step_rows = [line for line in section.splitlines() if line.startswith(("| ring |", "| ddp |"))]
-    assert len(step_rows) == 2 and all("| 0.50 | 2.00 |" in line for line in step_rows)
+    strategies = tuple(f"| {s} |" for s in COMPARE_STRATEGIES)
+    step_rows = [line for line in section.splitlines() if line.startswith(strategies)]
+    assert len(step_rows) == len(strategies) and all("| 0.50 | 2.00 |" in line for line in step_rows)
     assert (out / "baseline-busbw.png").exists() and (out / "baseline-step-time.png").exists()
 
 

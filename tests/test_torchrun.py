@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from commbench.bench.cli import main
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -48,29 +52,18 @@ def test_sweep_under_torchrun(tmp_path):
     assert out.stdout.count("# commbench sweep:") == 1  # one table, printed by rank 0 only
 
 
-def test_world_size_that_contradicts_torchrun_is_bad_input():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "commbench",
-            "sweep",
-            "--world-size",
-            "4",
-            "-b",
-            "1K",
-            "-e",
-            "1K",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=240,
-    )
-    assert out.returncode != 0
-    assert "disagrees with the launcher's world of 2" in out.stderr
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"RANK": "0", "WORLD_SIZE": "2"},  # what torchrun sets
+        {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "MASTER_ADDR": "127.0.0.1"},  # what srun sets
+    ],
+)
+def test_world_size_that_contradicts_the_launcher_is_bad_input(monkeypatch, capsys, env):
+    for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(["sweep", "--world-size", "4", "-b", "1K", "-e", "1K"]) == 2
+    err = capsys.readouterr().err
+    assert "disagrees with the launcher's world of 2" in err and err.count("\n") == 1

@@ -4,13 +4,12 @@ table, the records the issue names, and the plots."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from commbench.bench.cli import main
+from tests import recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model", "mlp", "--model-opt", "widths=32", "--samples", "256", "--steps-per-epoch", "3"]
@@ -63,69 +62,41 @@ def test_batch_search_needs_cuda(capsys) -> None:
     assert "needs --device cuda" in capsys.readouterr().err
 
 
-def _run(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "commbench", *args], capture_output=True, text=True, cwd=ROOT, timeout=240
-    )
-
-
-def test_compare_writes_table_records_and_plots(tmp_path: Path) -> None:
-    out = _run(
-        [
-            "compare",
-            "--strategies",
-            "naive,bucketed,ddp",
-            "--world-size",
-            "2",
-            "--epochs",
-            "2",
-            *TINY,
-            "--batch-size",
-            "16",
-            "--json",
-            str(tmp_path / "c.jsonl"),
-            "--plot",
-            str(tmp_path / "c.png"),
-        ]
-    )
-    assert out.returncode == 0, out.stderr
+def test_compare_writes_table_records_and_plots(recorded_compare) -> None:
+    out = recorded_compare
+    strategies = recorded.COMPARE_STRATEGIES
     lines = out.stdout.splitlines()
-    rows = {
-        line.split()[0]: line.split()
-        for line in lines
-        if line.split() and line.split()[0] in ("naive", "bucketed", "ddp")
-    }
-    assert set(rows) == {"naive", "bucketed", "ddp"}
+    rows = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in strategies}
+    assert set(rows) == set(strategies)
     assert rows["ddp"][-1] == "1.00"  # the ratio column of the reference
-    records = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
-    assert records[0]["type"] == "header" and records[0]["config"]["strategies"] == [
-        "naive",
-        "bucketed",
-        "ddp",
-    ]
+    records = out.records()
+    assert records[0]["type"] == "header" and records[0]["config"]["strategies"] == list(strategies)
     epochs = [r for r in records if r["type"] == "epoch"]
+    steps, n_epochs = recorded.COMPARE_STEPS, recorded.COMPARE_EPOCHS
     assert sorted((r["strategy"], r["epoch"]) for r in epochs) == sorted(
-        (s, e) for s in ("naive", "bucketed", "ddp") for e in (1, 2)
+        (s, e) for s in strategies for e in range(1, n_epochs + 1)
     )
-    assert all(len(r["step_losses"]) == 3 and r["first_epoch"] == (r["epoch"] == 1) for r in epochs)
+    assert all(len(r["step_losses"]) == steps and r["first_epoch"] == (r["epoch"] == 1) for r in epochs)
     summaries = {r["strategy"]: r for r in records if r["type"] == "train_summary"}
-    assert set(summaries) == {"naive", "bucketed", "ddp"}
+    assert set(summaries) == set(strategies)
+    w1, w2 = recorded.COMPARE_WIDTHS
     for s in summaries.values():
         assert all(k in s for k in SUMMARY_KEYS)
-        assert s["world_size"] == 2 and s["steps_timed"] == 3
-        assert s["trainable_params"] == 784 * 32 + 32 + 32 * 10 + 10
-        assert s["grad_bytes_per_epoch"] == s["trainable_params"] * 4 * 3
+        assert s["world_size"] == 2 and s["steps_timed"] == steps  # the later epochs' steps
+        assert s["trainable_params"] == 784 * w1 + w1 + w1 * w2 + w2 + w2 * 10 + 10
+        assert s["grad_bytes_per_epoch"] == s["trainable_params"] * 4 * steps
         assert len(s["wire_bytes_per_rank_per_epoch"]) == 2
     naive = summaries["naive"]["wire_bytes_per_rank_per_epoch"]
     assert naive[0] == naive[1]  # 2 ranks: rank 1 sends its gradients, rank 0 sends the sum back
-    for name in ("c.png", "c-loss.png", "c-timeline.png"):
-        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG", name
+    for name in ("compare.png", "compare-loss.png", "compare-timeline.png"):
+        assert out.plot.with_name(name).read_bytes()[:4] == b"\x89PNG", name
 
 
 def test_train_none_runs_on_one_rank_without_world_size(tmp_path: Path) -> None:
-    out = _run(["train", "--strategy", "none", *TINY, "--json", str(tmp_path / "t.jsonl"), "-q"])
+    path = tmp_path / "t.jsonl"
+    out = recorded.commbench(["train", "--strategy", "none", *TINY, "--json", str(path), "-q"])
     assert out.returncode == 0, out.stderr
     assert out.stdout == ""  # -q: no table
-    summary = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()][-2]
+    summary = [json.loads(x) for x in path.read_text().splitlines()][-2]
     assert summary["type"] == "train_summary" and summary["world_size"] == 1
     assert summary["comm_ms"] == 0 and summary["hidden_comm_fraction"] is None

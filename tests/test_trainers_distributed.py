@@ -7,23 +7,15 @@ import pytest
 import torch
 
 from tests.train_cases import run_train_case
-from tests.world import World
+from tests.world import World, worlds_of
 
 STRATEGIES_MULTI = ("naive", "ring", "bucketed", "ddp")
 
 
 @pytest.fixture(scope="module")
 def train_worlds():
-    started: dict[int, World] = {}
-
-    def get(size: int) -> World:
-        if size not in started:
-            started[size] = World(size, run_train_case)
-        return started[size]
-
-    yield get
-    for w in started.values():
-        w.close()
+    with worlds_of(run_train_case) as get:
+        yield get
 
 
 def _config(strategies: tuple[str, ...], **extra) -> dict:

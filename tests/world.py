@@ -7,9 +7,10 @@ broken case fails the test instead of hanging it.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -46,6 +47,7 @@ class World:
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=CASE_TIMEOUT_S)
         )
         self.i = 0
+        self.stopped = False
         self.error: BaseException | None = None
         spec = launch.LaunchSpec(world_size=size, timeout_s=30)
         args = ("127.0.0.1", self.store.port, runner)
@@ -69,8 +71,33 @@ class World:
         self.store.wait(keys, timedelta(seconds=CASE_TIMEOUT_S))
         return [pickle.loads(self.store.get(k)) for k in keys]
 
+    def stop(self) -> None:
+        """Tell the ranks to leave; ``close`` waits for them (stop every world first, then close)."""
+        if not self.stopped:
+            self.store.set(f"case/{self.i}", pickle.dumps(None))
+            self.stopped = True
+
     def close(self) -> None:
-        self.store.set(f"case/{self.i}", pickle.dumps(None))
+        self.stop()
         self.thread.join(timeout=60)
         if self.error is not None:
             raise RuntimeError(f"world of {self.size} failed: {self.error}")
+
+
+@contextlib.contextmanager
+def worlds_of(runner: Callable[[Any], Any]) -> Iterator[Callable[[int], World]]:
+    """``get(size)`` starts a world of ``size`` ranks on first use; on exit all leave at once."""
+    started: dict[int, World] = {}
+
+    def get(size: int) -> World:
+        if size not in started:
+            started[size] = World(size, runner)
+        return started[size]
+
+    try:
+        yield get
+    finally:
+        for w in started.values():
+            w.stop()
+        for w in started.values():
+            w.close()
