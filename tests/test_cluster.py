@@ -68,10 +68,11 @@ def test_parse_time_and_percent():
 
 def test_shaping_qdiscs_and_validation():
     plain = Shaping(rate_bit=10**9)
-    assert plain.burst == 131072  # two 64 KiB segments; 1 ms of 1 Gbit/s is less
-    assert Shaping(rate_bit=10**10).burst == 1_250_000  # 1 ms of 10 Gbit/s
+    assert plain.burst == 1_000_000  # 8 ms of 1 Gbit/s
+    assert Shaping(rate_bit=10**8).burst == 131072  # two 64 KiB segments; 8 ms of 100 Mbit/s is less
+    assert Shaping(rate_bit=10**9, burst_bytes=4096).burst == 4096
     assert plain.qdisc_args() == [
-        ["root", "handle", "1:", "tbf", "rate", "1000000000bit", "burst", "131072", "latency", "10.0ms"]
+        ["root", "handle", "1:", "tbf", "rate", "1000000000bit", "burst", "1000000", "latency", "10.0ms"]
     ]
     delayed = Shaping(rate_bit=10**9, delay_us=100, jitter_us=10, loss_percent=0.5)
     assert delayed.needs_netem and not plain.needs_netem

@@ -110,7 +110,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--burst",
         default=None,
-        help="token-bucket size, bytes or with a K/M suffix (2^10, 2^20; default 1 ms of the rate, >= 128K)",
+        help="token-bucket size, bytes or with a K/M suffix (2^10, 2^20; default 8 ms of the rate, >= 128K)",
     )
     p.add_argument(
         "--mtu", type=int, default=1500, help="MTU of every link (default 1500; 9000: jumbo frames)"

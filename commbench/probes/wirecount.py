@@ -82,7 +82,9 @@ def _address(nic: str) -> str:
     return "?"
 
 
-CHECKED_PASS_S = 0.2  # shorter passes can legitimately exceed a shaped rate by the token bucket
+# Shorter passes can legitimately exceed a shaped rate by the token bucket: the cluster's default
+# holds 8 ms of the rate, 1.6% of a 0.5 s pass, well inside the check's 5% margin.
+CHECKED_PASS_S = 0.5
 
 
 def link_gbps(nic: str, loopback: bool) -> float | None:
