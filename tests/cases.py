@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -136,6 +137,48 @@ def _in_place_reduce_scatter(case: dict[str, Any]) -> list[str]:
     return failures
 
 
+def _routes(case: dict[str, Any]) -> dict[str, Any]:
+    """After one hand-written allreduce: which group carries each direction, and what gloo sends through."""
+    tensor = torch.ones(1000)
+    comm.all_reduce(tensor, algorithm="ring")
+    upward, downward = p2p.route(None, 0, 1), p2p.route(None, 1, 0)
+    carried: list[Any] = []
+    original = dist.isend
+
+    def noting(tensor, dst, group=None, tag=0):
+        carried.append(group)
+        return original(tensor, dst, group, tag)
+
+    dist.isend = noting
+    try:
+        comm.all_reduce(tensor, algorithm="ring")
+    finally:
+        dist.isend = original
+    me, peer = dist.get_rank(), 1 - dist.get_rank()
+    return {
+        "sum_ok": bool(torch.all(tensor == dist.get_world_size() ** 2)),
+        "upward_is_group": upward is None,
+        "downward_is_group": downward is None,
+        "sends_on_my_route": bool(carried) and all(g is p2p.route(None, me, peer) for g in carried),
+    }
+
+
+def _routes_off(case: dict[str, Any]) -> bool:
+    """With $COMMBENCH_GLOO_DUPLEX=0 a fresh group of two keeps one connection for both directions."""
+    group = dist.new_group([0, 1])
+    saved = os.environ.get(p2p.DUPLEX_ENV)
+    os.environ[p2p.DUPLEX_ENV] = "0"
+    try:
+        tensor = torch.ones(10)
+        comm.all_reduce(tensor, algorithm="ring", group=group)
+    finally:
+        if saved is None:
+            del os.environ[p2p.DUPLEX_ENV]
+        else:
+            os.environ[p2p.DUPLEX_ENV] = saved
+    return p2p.route(group, 1, 0) is group and bool(torch.all(tensor == 2))
+
+
 def run_case(case: tuple[str, dict[str, Any]]) -> Any:
     kind, body = case
     return {
@@ -144,4 +187,6 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "mismatch": _mismatch,
         "validation": _validation,
         "in_place_rs": _in_place_reduce_scatter,
+        "routes": _routes,
+        "routes_off": _routes_off,
     }[kind](body)

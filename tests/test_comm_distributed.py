@@ -94,3 +94,18 @@ def test_bad_arguments_raise_clear_errors(worlds):
     for rank_result in worlds(2).run(("validation", {})):
         for name, needle in expected.items():
             assert needle in rank_result[name], (name, rank_result[name])
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_two_gloo_ranks_use_one_connection_per_direction(worlds, world_size):
+    results = worlds(world_size).run(("routes", {}))
+    assert all(r["sum_ok"] for r in results)
+    assert all(r["upward_is_group"] for r in results)
+    # two ranks: rank 1 -> rank 0 goes through the companion group; three or more: one group
+    assert [r["downward_is_group"] for r in results] == [world_size > 2] * world_size
+    if world_size == 2:
+        assert all(r["sends_on_my_route"] for r in results)
+
+
+def test_duplex_can_be_turned_off_for_comparison(worlds):
+    assert worlds(2).run(("routes_off", {})) == [True, True]

@@ -87,7 +87,8 @@ def test_auto_table_is_well_formed():
 
 
 def test_auto_picks_by_size_and_world():
-    assert tuning.choose("all_reduce", 4 << 20, 2) == "rd"
+    assert tuning.choose("all_reduce", 2 << 20, 2) == "rd"
+    assert tuning.choose("all_reduce", 4 << 20, 2) == "ring"
     assert tuning.choose("all_reduce", 4 << 20, 4) == "ring"
     assert tuning.choose("all_reduce", 1024, 4) == "naive"
     assert tuning.choose("all_reduce", 1024, 8) == "rd"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from commbench.comm import builtin, naive, recursive, ring, tree, tuning
+from commbench.comm import builtin, naive, p2p, recursive, ring, tree, tuning
 from commbench.comm.ops import DTYPES, OPS, check_op, dtype_name
 from commbench.comm.workspace import Workspace
 
@@ -161,6 +161,7 @@ def _prepare(
     still takes part in the agreement, so the others raise too instead of waiting for it.
     """
     world = dist.get_world_size(group)
+    p2p.enable_duplex(group)  # every rank reaches this line, whatever its arguments
     error: Exception | None = None
     try:
         tensor, size_bytes, op, root = validate()

@@ -4,9 +4,22 @@ Peers are given as ranks within ``group``; translation to global ranks happens h
 matching sends and receives grouped into one call or a ring deadlocks, so on NCCL the pair goes
 through ``batch_isend_irecv``; gloo takes plain ``isend``/``irecv``, which cost less per call. gloo moves
 host memory only, so CUDA tensors on gloo are staged through host copies.
+
+Two ranks on gloo get one connection per direction (:func:`enable_duplex`). gloo joins each
+pair of ranks in a group by one connection, and two ranks exchanging through it were measured
+to move data closer to half duplex than full. In a ring of more
+than two ranks each connection carries one direction anyway (a rank sends right and receives
+from the left), but with two ranks left and right are the same peer. With the companion group,
+messages from the lower rank to the higher go through the group's own connection and the others
+through the companion's, a rule both ends derive from the two ranks alone. On the 2-core
+CI-class machine the 2-rank ring went from 0.45-1.28 of gloo's own allreduce at 1-64 MiB to
+1.01-1.43 (docs/PERFORMANCE.md, "one connection per direction"; ``$COMMBENCH_GLOO_DUPLEX=0``
+turns it off for that comparison).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -27,6 +40,37 @@ def global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
 
 def _needs_batching(group: dist.ProcessGroup | None) -> bool:
     return dist.get_backend(group) == "nccl"
+
+
+DUPLEX_ENV = "COMMBENCH_GLOO_DUPLEX"
+_COMPANIONS: dict[dist.ProcessGroup, dist.ProcessGroup] = {}  # group -> its reverse direction
+
+
+def _resolved(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    return dist.group.WORLD if group is None else group
+
+
+def enable_duplex(group: dist.ProcessGroup | None) -> None:
+    """Give a 2-rank gloo group a second connection, one per direction (see the module's notes).
+
+    Every rank of ``group`` must call this at the same point (it creates a process group among
+    them); later calls, other world sizes and other backends return at once, and so does every
+    call where ``$COMMBENCH_GLOO_DUPLEX`` is 0 (one connection for both directions, for
+    comparison).
+    """
+    key = _resolved(group)
+    if key in _COMPANIONS or dist.get_world_size(group) != 2 or dist.get_backend(group) != "gloo":
+        return
+    if os.environ.get(DUPLEX_ENV, "1") == "0":
+        return
+    ranks = [global_rank(group, r) for r in range(2)]
+    _COMPANIONS[key] = dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
+
+
+def route(group: dist.ProcessGroup | None, src: int, dst: int) -> dist.ProcessGroup | None:
+    """The group whose connection carries messages from ``src`` to ``dst`` (ranks in ``group``)."""
+    companion = _COMPANIONS.get(_resolved(group)) if _COMPANIONS else None
+    return companion if companion is not None and src > dst else group
 
 
 def exchange(
@@ -55,10 +99,14 @@ def exchange(
         send_work = works[0] if do_send else None
         recv_work = works[-1] if do_recv else None
         return send_work, recv_work
+    me = dist.get_rank(group)
+    # (tensor, global peer rank, group whose connection carries it), None where nothing is moved
+    out = (send, global_rank(group, dst), route(group, me, dst)) if do_send else None
+    into = (recv, global_rank(group, src), route(group, src, me)) if do_recv else None
     if (do_send and send.is_cuda) or (do_recv and recv.is_cuda):
-        return _staged(send if do_send else None, dst, recv if do_recv else None, src, group)
-    send_work = dist.isend(send, global_rank(group, dst), group) if do_send else None
-    recv_work = dist.irecv(recv, global_rank(group, src), group) if do_recv else None
+        return _staged(out, into)
+    send_work = dist.isend(*out) if out else None
+    recv_work = dist.irecv(*into) if into else None
     return send_work, recv_work
 
 
@@ -74,15 +122,16 @@ class _Staged:
         return True
 
 
-def _staged(send, dst, recv, src, group) -> tuple[Work | None, Work | None]:
+def _staged(out, into) -> tuple[Work | None, Work | None]:
     """gloo moves host memory only: CUDA tensors go through host copies."""
     send_work = recv_work = None
-    if send is not None:
-        host = send.cpu() if send.is_cuda else send
-        send_work = dist.isend(host, global_rank(group, dst), group)
-    if recv is not None:
+    if out is not None:
+        send, peer, group = out
+        send_work = dist.isend(send.cpu() if send.is_cuda else send, peer, group)
+    if into is not None:
+        recv, peer, group = into
         host = torch.empty(recv.shape, dtype=recv.dtype, pin_memory=recv.is_cuda)
-        recv_work = _Staged(dist.irecv(host, global_rank(group, src), group), host, recv)
+        recv_work = _Staged(dist.irecv(host, peer, group), host, recv)
     return send_work, recv_work
 
 

@@ -7,10 +7,11 @@ depends only on size and world size, so every rank makes the same one.
 Why the rows look as they do (measured on the 2-core CI-class machine, gloo over loopback, where
 one message costs a round trip of about 0.3 ms): on two ranks recursive doubling moves exactly
 the bytes a ring moves in one step instead of two, so it wins until the ring's pipelining pays
-(about 8 MiB). On four ranks the root's concurrent sends of ``naive`` take two steps against the
-ring's six and win up to about 2 MiB for all_reduce and 1 MiB for the rooted and gathering
-collectives. The "default" all_reduce row (other world sizes, not measured) uses recursive
-doubling up to 1 MiB, because naive's load on the root grows with the world.
+(about 2 MiB, with one connection per direction: ``p2p.enable_duplex``). On four ranks the
+root's concurrent sends of ``naive`` take two steps against the ring's six and win up to about
+2 MiB for all_reduce and 1 MiB for the rooted and gathering collectives. The "default"
+all_reduce row (other world sizes, not measured) uses recursive doubling up to 1 MiB, because
+naive's load on the root grows with the world.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ Row = tuple[tuple[int | None, str], ...]
 
 AUTO: dict[str, dict[int | str, Row]] = {
     "all_reduce": {
-        2: ((8 * MiB, "rd"), (None, "ring")),
+        2: ((2 * MiB, "rd"), (None, "ring")),
         4: ((2 * MiB, "naive"), (None, "ring")),
         "default": ((1 * MiB, "rd"), (None, "ring")),
     },

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from commbench import comm
+from commbench.comm import p2p
 from commbench.kernels import pack, unpack
 from commbench.trainers.bucketing import DEFAULT_CAP_BYTES, DEFAULT_FIRST_CAP_BYTES, assign_buckets
 from commbench.trainers.timing import Clock
@@ -171,7 +172,9 @@ class Bucketed(GradSync):
             p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
         if self.transport == "ring":
             # A group of its own: the ring thread never shares a channel with the main thread.
-            self.ring = _RingThread(self.clock, dist.new_group(backend=dist.get_backend()))
+            group = dist.new_group(backend=dist.get_backend())
+            p2p.enable_duplex(group)  # here on the main thread, where every rank creates groups
+            self.ring = _RingThread(self.clock, group)
         self.before_backward()
         return model
 
