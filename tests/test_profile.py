@@ -44,6 +44,45 @@ def test_classify_frames():
     assert stacks == [(["a (x.py:1)", "b (y.py:2)"], 7), (["c (z.py:3)"], 2)]
 
 
+class _Proc:
+    """Enough of psutil.Process for rank discovery: a launcher's spawned child of ``top``."""
+
+    def __init__(self, pid: int, ppid: int) -> None:
+        self.pid, self._ppid = pid, ppid
+
+    def environ(self) -> dict[str, str]:
+        return {}
+
+    def cmdline(self) -> list[str]:
+        return ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"]
+
+    def ppid(self) -> int:
+        return self._ppid
+
+
+class _Top:
+    def __init__(self) -> None:
+        self.kids: list[_Proc] = []
+
+    def children(self, recursive: bool) -> list[_Proc]:
+        return self.kids
+
+
+def test_a_rank_seen_late_still_gets_its_own_number(tmp_path):
+    top, spawned = _Top(), {}
+    top.kids = [_Proc(201, 7)]  # rank 1 shows up first (rank 0 not yet readable)
+    assert profile._discover(top, 7, spawned) == {201: 0}
+    top.kids = [_Proc(200, 7), _Proc(201, 7), _Proc(300, 201)]  # a grandchild is no rank
+    assert profile._discover(top, 7, spawned) == {200: 0, 201: 1}
+    assert profile._spawned_ranks(spawned) == {200: 0, 201: 1}
+    raw, log = tmp_path / "rank0-pid201.txt", tmp_path / "rank0-pid201.log"
+    raw.write_text("stacks")
+    rec = profile._Recorder(rank=0, pid=201, raw=raw, proc=None, native=False, log=log)
+    moved = profile._renumbered(rec, 1)
+    assert (moved.rank, moved.raw.name, moved.log.name) == (1, "rank1-pid201.txt", "rank1-pid201.log")
+    assert moved.raw.read_text() == "stacks" and not raw.exists()
+
+
 def test_two_rank_profile(py_spy, tmp_path):
     out = tmp_path / "prof"
     done = subprocess.run(

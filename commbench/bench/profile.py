@@ -191,8 +191,12 @@ def _rank_of(proc: Any, top_pid: int) -> int | None:
     return None
 
 
-def _discover(top: Any, top_pid: int) -> dict[int, int]:
-    """{pid: rank} for the rank processes under ``top`` right now."""
+def _discover(top: Any, top_pid: int, spawned: dict[int, set[int]]) -> dict[int, int]:
+    """{pid: rank} for the rank processes under ``top`` right now.
+
+    ``spawned`` collects, across calls, the launcher's spawned children by parent; they are
+    numbered by pid among all seen so far (:func:`_spawned_ranks`). A child seen late can shift
+    its siblings' numbers, which is why the recorders are renumbered when the run ends."""
     import psutil
 
     try:
@@ -200,7 +204,6 @@ def _discover(top: Any, top_pid: int) -> dict[int, int]:
     except psutil.Error:
         return {}
     found: dict[int, int] = {}
-    spawned: dict[int, list[int]] = {}
     for c in children:
         rank = _rank_of(c, top_pid)
         if rank is None:
@@ -213,11 +216,29 @@ def _discover(top: Any, top_pid: int) -> dict[int, int]:
             except psutil.Error:
                 continue
             if parent == top_pid:  # the launcher runs in the top process: its spawned children are
-                spawned.setdefault(parent, []).append(c.pid)  # the ranks; deeper ones are not
-    for pids in spawned.values():
-        for i, pid in enumerate(sorted(pids)):
-            found.setdefault(pid, i)
+                spawned.setdefault(parent, set()).add(c.pid)  # the ranks; deeper ones are not
+    alive = {c.pid for c in children}
+    for pid, rank in _spawned_ranks(spawned).items():
+        if pid in alive:
+            found.setdefault(pid, rank)
     return found
+
+
+def _spawned_ranks(spawned: dict[int, set[int]]) -> dict[int, int]:
+    """The launcher starts its ranks in order, so among one parent's children pid order is rank order."""
+    return {pid: i for pids in spawned.values() for i, pid in enumerate(sorted(pids))}
+
+
+def _renumbered(rec: _Recorder, rank: int) -> _Recorder:
+    """``rec`` under its final rank, its files renamed to match."""
+    moved = {}
+    for name in ("raw", "log"):
+        path: Path = getattr(rec, name)
+        target = path.with_name(path.name.replace(f"rank{rec.rank}-", f"rank{rank}-", 1))
+        if path.exists():
+            path.rename(target)
+        moved[name] = target
+    return dataclasses.replace(rec, rank=rank, **moved)
 
 
 def _record_cmd(py_spy: str, pid: int, rate: int, native: bool, out: Path) -> list[str]:
@@ -245,9 +266,10 @@ def profile_command(config: ProfileConfig, py_spy: str) -> tuple[int, list[_Reco
     inner = subprocess.Popen([sys.executable, "-m", "commbench", *config.inner])
     top = psutil.Process(inner.pid)
     recorders: dict[int, _Recorder] = {}
+    spawned: dict[int, set[int]] = {}
     try:
         while inner.poll() is None:
-            for pid, rank in _discover(top, inner.pid).items():
+            for pid, rank in _discover(top, inner.pid, spawned).items():
                 if pid not in recorders:
                     recorders[pid] = _start(py_spy, config, out, rank, pid, config.native)
             for pid, rec in list(recorders.items()):  # --native unsupported: again without it
@@ -266,6 +288,9 @@ def profile_command(config: ProfileConfig, py_spy: str) -> tuple[int, list[_Reco
             except subprocess.TimeoutExpired:
                 rec.proc.terminate()  # py-spy writes what it has on SIGTERM
                 rec.proc.wait(timeout=5)
+        for pid, rank in _spawned_ranks(spawned).items():
+            if pid in recorders and recorders[pid].rank != rank:
+                recorders[pid] = _renumbered(recorders[pid], rank)
     return inner.returncode, sorted(recorders.values(), key=lambda r: r.rank)
 
 
