@@ -7,11 +7,11 @@ host memory only, so CUDA tensors on gloo are staged through host copies.
 
 Two ranks on gloo get one connection per direction (:func:`enable_duplex`). gloo joins each
 pair of ranks in a group by one connection, and two ranks exchanging through it were measured
-to move data closer to half duplex than full. In a ring of more
-than two ranks each connection carries one direction anyway (a rank sends right and receives
-from the left), but with two ranks left and right are the same peer. With the companion group,
-messages from the lower rank to the higher go through the group's own connection and the others
-through the companion's, a rule both ends derive from the two ranks alone. On the 2-core
+to move data closer to half duplex than full. In a ring of more than two ranks each connection
+carries one direction anyway (a rank sends right and receives from the left), but with two
+ranks left and right are the same peer. With the companion group, messages from the lower rank
+to the higher go through the group's own connection and the others through the companion's, a
+rule both ends derive from the two ranks alone. On the 2-core
 CI-class machine the 2-rank ring went from 0.45-1.28 of gloo's own allreduce at 1-64 MiB to
 1.01-1.43 (docs/PERFORMANCE.md, "one connection per direction"; ``$COMMBENCH_GLOO_DUPLEX=0``
 turns it off for that comparison).
