@@ -47,13 +47,15 @@ def test_classify_frames():
 class _Proc:
     """Enough of psutil.Process for rank discovery: a launcher's spawned child of ``top``."""
 
-    def __init__(self, pid: int, ppid: int) -> None:
-        self.pid, self._ppid = pid, ppid
+    def __init__(self, pid: int, ppid: int, env: dict[str, str] | None = None) -> None:
+        self.pid, self._ppid, self._env = pid, ppid, env or {}
 
     def environ(self) -> dict[str, str]:
-        return {}
+        return self._env
 
     def cmdline(self) -> list[str]:
+        if self._env:
+            return ["lscpu"]
         return ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"]
 
     def ppid(self) -> int:
@@ -72,7 +74,9 @@ def test_a_rank_seen_late_still_gets_its_own_number(tmp_path):
     top, spawned = _Top(), {}
     top.kids = [_Proc(201, 7)]  # rank 1 shows up first (rank 0 not yet readable)
     assert profile._discover(top, 7, spawned) == {201: 0}
-    top.kids = [_Proc(200, 7), _Proc(201, 7), _Proc(300, 201)]  # a grandchild is no rank
+    # a grandchild is no rank, not even a tool a rank runs, which inherits the rank's RANK
+    tool = _Proc(301, 200, {"RANK": "0", "LOCAL_RANK": "0"})
+    top.kids = [_Proc(200, 7), _Proc(201, 7), _Proc(300, 201), tool]
     assert profile._discover(top, 7, spawned) == {200: 0, 201: 1}
     assert profile._spawned_ranks(spawned) == {200: 0, 201: 1}
     raw, log = tmp_path / "rank0-pid201.txt", tmp_path / "rank0-pid201.log"

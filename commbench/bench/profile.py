@@ -203,20 +203,22 @@ def _discover(top: Any, top_pid: int, spawned: dict[int, set[int]]) -> dict[int,
         children = top.children(recursive=True)
     except psutil.Error:
         return {}
-    found: dict[int, int] = {}
+    candidates: dict[int, tuple[int, int]] = {}  # pid -> (rank or -1, parent pid)
     for c in children:
         rank = _rank_of(c, top_pid)
-        if rank is None:
+        try:
+            if rank is not None:
+                candidates[c.pid] = (rank, c.ppid())
+        except psutil.Error:
+            continue
+    found: dict[int, int] = {}
+    for pid, (rank, parent) in candidates.items():
+        if parent in candidates:  # a rank's own child (a tool it runs) inherits RANK: no rank
             continue
         if rank >= 0:
-            found[c.pid] = rank
-        else:
-            try:
-                parent = c.ppid()
-            except psutil.Error:
-                continue
-            if parent == top_pid:  # the launcher runs in the top process: its spawned children are
-                spawned.setdefault(parent, set()).add(c.pid)  # the ranks; deeper ones are not
+            found[pid] = rank
+        elif parent == top_pid:  # the launcher runs in the top process: its spawned children are
+            spawned.setdefault(parent, set()).add(pid)  # the ranks; deeper ones are not
     alive = {c.pid for c in children}
     for pid, rank in _spawned_ranks(spawned).items():
         if pid in alive:
