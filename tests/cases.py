@@ -12,6 +12,7 @@ from commbench import comm
 from commbench.bench.collectives import SPECS
 from commbench.comm import p2p
 from commbench.comm.ops import DTYPES
+from commbench.comm.workspace import PLANS_KEPT
 
 
 def _collective(case: dict[str, Any]) -> list[str]:
@@ -143,23 +144,24 @@ def _routes(case: dict[str, Any]) -> dict[str, Any]:
     comm.all_reduce(tensor, algorithm="ring")
     upward, downward = p2p.route(None, 0, 1), p2p.route(None, 1, 0)
     carried: list[Any] = []
-    original = dist.isend
+    original = p2p.isend_on
 
-    def noting(tensor, dst, group=None, tag=0):
-        carried.append(group)
-        return original(tensor, dst, group, tag)
+    def noting(pg, tensor, peer):
+        carried.append(pg)
+        return original(pg, tensor, peer)
 
-    dist.isend = noting
+    p2p.isend_on = noting
     try:
         comm.all_reduce(tensor, algorithm="ring")
     finally:
-        dist.isend = original
+        p2p.isend_on = original
     me, peer = dist.get_rank(), 1 - dist.get_rank()
+    mine = p2p.route(None, me, peer) or dist.group.WORLD
     return {
         "sum_ok": bool(torch.all(tensor == dist.get_world_size() ** 2)),
         "upward_is_group": upward is None,
         "downward_is_group": downward is None,
-        "sends_on_my_route": bool(carried) and all(g is p2p.route(None, me, peer) for g in carried),
+        "sends_on_my_route": bool(carried) and all(g is mine for g in carried),
     }
 
 
@@ -179,6 +181,37 @@ def _routes_off(case: dict[str, Any]) -> bool:
     return p2p.route(group, 1, 0) is group and bool(torch.all(tensor == 2))
 
 
+def _plan_reuse(case: dict[str, Any]) -> list[str]:
+    """One Workspace, many tensors: a kept schedule must never serve another tensor's call."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    workspace = comm.Workspace()
+    failures = []
+    kept = []
+    for i in range(3 * PLANS_KEPT):
+        count = (1000, 1000, 1001)[i % 3]  # the size of the call before, then a new size
+        mine = float(rank + i)
+        total = float(sum(range(world)) + world * i)
+        tensor = torch.full((count,), mine)
+        if i % 2:
+            kept.append(tensor)  # stays alive: later tensors get addresses of their own
+        comm.all_reduce(tensor, algorithm="ring", workspace=workspace)
+        scattered = torch.empty(count // world)
+        comm.reduce_scatter(
+            scattered, torch.full((scattered.numel() * world,), mine), algorithm="ring", workspace=workspace
+        )
+        gathered = torch.empty(count * world)
+        comm.all_gather(gathered, torch.full((count,), mine), algorithm="ring", workspace=workspace)
+        everyone = torch.cat([torch.full((count,), float(r + i)) for r in range(world)])
+        for name, ok in (
+            ("all_reduce", bool(torch.all(tensor == total))),
+            ("reduce_scatter", bool(torch.all(scattered == total))),
+            ("all_gather", torch.equal(gathered, everyone)),
+        ):
+            if not ok:
+                failures.append(f"call {i} ({name}, {count} elements) on rank {rank}")
+    return failures
+
+
 def run_case(case: tuple[str, dict[str, Any]]) -> Any:
     kind, body = case
     return {
@@ -189,4 +222,5 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "in_place_rs": _in_place_reduce_scatter,
         "routes": _routes,
         "routes_off": _routes_off,
+        "plan_reuse": _plan_reuse,
     }[kind](body)

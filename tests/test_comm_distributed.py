@@ -109,3 +109,8 @@ def test_two_gloo_ranks_use_one_connection_per_direction(worlds, world_size):
 
 def test_duplex_can_be_turned_off_for_comparison(worlds):
     assert worlds(2).run(("routes_off", {})) == [True, True]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_kept_schedules_serve_only_their_own_tensors(worlds, world_size):
+    assert worlds(world_size).run(("plan_reuse", {})) == [[]] * world_size

@@ -81,8 +81,12 @@ def run(
             out, a = unit.combine
             reduce_into(out, a, unit.recv, op)
 
-    post_receives(recv_ahead)
+    # The first step's receives, its sends, then the rest of the look-ahead: every receive
+    # posted costs a message of its own to the peer, and the first sends need none of them.
+    post_receives(min(lag, recv_ahead))
     for i, unit in enumerate(units):
+        if i == lag:
+            post_receives(recv_ahead)
         while done <= i - lag:
             finish(done)
             done += 1

@@ -22,7 +22,7 @@ from commbench.comm.chunking import (
     sub_span,
 )
 from commbench.comm.pipeline import Unit
-from commbench.comm.workspace import Workspace, scratch
+from commbench.comm.workspace import Workspace, plan, scratch
 
 SEGMENT_BYTES = 2 << 20  # pipeline segment; tuned with commbench sweep (docs/PERFORMANCE.md)
 
@@ -91,6 +91,11 @@ def _all_gather_units(flat: torch.Tensor, chunks: list[Span], rank: int, world: 
     return units
 
 
+def _where(flat: torch.Tensor) -> tuple:
+    """What a schedule's views of ``flat`` depend on (a key for :func:`plan`)."""
+    return flat.data_ptr(), flat.numel(), flat.dtype, flat.device
+
+
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two contiguous tensors share memory."""
     if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
@@ -131,11 +136,15 @@ def all_reduce(
     if world > 1 and flat.numel() > 0:
         chunks = split(flat.numel(), world)
         nseg, ahead = _plan(chunks, flat.element_size(), segment_bytes, group)
-        units = _reduce_scatter_units(
-            flat, chunks, flat, rank, world, nseg, max(ahead, nseg), workspace, in_place=True
-        )
-        units += _all_gather_units(flat, chunks, rank, world, nseg)
-        _run(units, rank, world, nseg, ahead, op, group)
+
+        def build() -> list[Unit]:
+            units = _reduce_scatter_units(
+                flat, chunks, flat, rank, world, nseg, max(ahead, nseg), workspace, in_place=True
+            )
+            return units + _all_gather_units(flat, chunks, rank, world, nseg)
+
+        key = ("ring.all_reduce", _where(flat), rank, world, nseg, ahead)
+        _run(plan(workspace, key, build), rank, world, nseg, ahead, op, group)
     if op == "avg":
         tensor.div_(world)
 
@@ -156,8 +165,13 @@ def _reduce_scatter_equal(
     elif m > 0:
         chunks = [(i * m, (i + 1) * m) for i in range(world)]
         nseg, ahead = _plan(chunks, flat_in.element_size(), segment_bytes, group)
-        units = _reduce_scatter_units(
-            flat_in, chunks, flat_out, rank, world, nseg, max(ahead, nseg), workspace, in_place=False
+        key = ("ring.reduce_scatter", _where(flat_in), _where(flat_out), rank, world, nseg, ahead)
+        units = plan(
+            workspace,
+            key,
+            lambda: _reduce_scatter_units(
+                flat_in, chunks, flat_out, rank, world, nseg, max(ahead, nseg), workspace, in_place=False
+            ),
         )
         _run(units, rank, world, nseg, ahead, op, group)
 
@@ -205,7 +219,9 @@ def all_gather(
     if world > 1 and m > 0:
         chunks = [(i * m, (i + 1) * m) for i in range(world)]
         nseg, ahead = _plan(chunks, flat.element_size(), segment_bytes, group)
-        _run(_all_gather_units(flat, chunks, rank, world, nseg), rank, world, nseg, ahead, "sum", group)
+        key = ("ring.all_gather", _where(flat), rank, world, nseg)
+        units = plan(workspace, key, lambda: _all_gather_units(flat, chunks, rank, world, nseg))
+        _run(units, rank, world, nseg, ahead, "sum", group)
 
 
 def broadcast(

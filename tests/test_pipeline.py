@@ -1,0 +1,73 @@
+"""The send/receive pipeline's order of posting and the Workspace's kept schedules, with no process group."""
+
+from __future__ import annotations
+
+import torch
+
+from commbench.comm import pipeline
+from commbench.comm.pipeline import Unit
+from commbench.comm.workspace import PLANS_KEPT, Workspace, plan
+
+
+class _Done:
+    def wait(self) -> bool:
+        return True
+
+
+def _posted(monkeypatch, n: int, lag: int, ahead: int) -> list[str]:
+    """What pipeline.run hands to p2p, in order, for ``n`` units."""
+    log: list[str] = []
+    units = [Unit(torch.full((2,), float(i)), torch.empty(2)) for i in range(n)]
+    index = {id(u.recv): i for i, u in enumerate(units)}
+
+    def exchange(send, dst, recv, src, group):
+        if send is not None:
+            log.append(f"send {int(send[0])}")
+        if recv is not None:
+            log.append(f"recv {index[id(recv)]}")
+        return (_Done() if send is not None else None), (_Done() if recv is not None else None)
+
+    monkeypatch.setattr(pipeline.p2p, "exchange", exchange)
+    pipeline.run(units, right=1, left=1, lag=lag, recv_ahead=ahead, op="sum", group=None)
+    return log
+
+
+def test_first_sends_leave_before_the_rest_of_the_receives_are_posted(monkeypatch):
+    log = _posted(monkeypatch, n=6, lag=2, ahead=64)
+    assert log[:4] == ["recv 0", "recv 1", "send 0", "send 1"]
+    assert log[4:8] == ["recv 2", "recv 3", "recv 4", "recv 5"]
+    assert sorted(log) == sorted([f"recv {i}" for i in range(6)] + [f"send {i}" for i in range(6)])
+
+
+def test_receives_never_run_further_ahead_than_asked(monkeypatch):
+    log = _posted(monkeypatch, n=10, lag=1, ahead=3)
+    for i, entry in enumerate(log):
+        if entry.startswith("recv "):
+            unit = int(entry.split()[1])
+            sent = sum(e.startswith("send ") for e in log[:i])
+            assert unit < max(sent, 1) + 3, (entry, log)
+
+
+def test_a_kept_schedule_is_reused_for_its_key_only():
+    ws = Workspace()
+    built: list[str] = []
+
+    def make(name: str):
+        return lambda: built.append(name) or [name]
+
+    first = plan(ws, ("a", 1), make("a"))
+    assert plan(ws, ("a", 1), make("a again")) is first
+    assert plan(ws, ("a", 2), make("b")) == ["b"]
+    assert built == ["a", "b"]
+    assert plan(None, ("a", 1), make("no workspace")) == ["no workspace"]
+
+
+def test_only_the_most_recent_schedules_are_kept():
+    ws = Workspace()
+    built: list[int] = []
+    for k in range(PLANS_KEPT + 1):
+        plan(ws, k, lambda k=k: built.append(k))
+    plan(ws, PLANS_KEPT, lambda: built.append(-1))  # the newest: kept
+    plan(ws, 0, lambda: built.append(-2))  # the oldest: dropped when the last one came
+    assert built == [*range(PLANS_KEPT + 1), -2]
+    assert len(ws._plans) == PLANS_KEPT
