@@ -72,18 +72,22 @@ def enable_duplex(group: dist.ProcessGroup | None) -> None:
     )
 
 
+def _companion(group: dist.ProcessGroup | None):
+    """``group``'s entry in the companion table (see :func:`enable_duplex`), or None."""
+    return _COMPANIONS.get(_resolved(group)) if _COMPANIONS else None
+
+
 def _carrier(group: dist.ProcessGroup | None, src: int, dst: int, peer: int) -> tuple[dist.ProcessGroup, int]:
     """(process group whose connection carries ``src`` -> ``dst``, ``peer``'s rank in it)."""
-    pg = _resolved(group)
-    entry = _COMPANIONS.get(pg) if _COMPANIONS else None
+    entry = _companion(group)
     if entry is not None and src > dst:
         return entry[0], entry[1][peer]
-    return pg, peer
+    return _resolved(group), peer
 
 
 def route(group: dist.ProcessGroup | None, src: int, dst: int) -> dist.ProcessGroup | None:
     """The group whose connection carries messages from ``src`` to ``dst`` (ranks in ``group``)."""
-    entry = _COMPANIONS.get(_resolved(group)) if _COMPANIONS else None
+    entry = _companion(group)
     return entry[0] if entry is not None and src > dst else group
 
 
@@ -129,14 +133,19 @@ def exchange(
         recv_work = works[-1] if do_recv else None
         return send_work, recv_work
     me = dist.get_rank(group)
-    # (tensor, process group whose connection carries it, peer's rank there); None: nothing moved
-    out = (send, *_carrier(group, me, dst, dst)) if do_send else None
-    into = (recv, *_carrier(group, src, me, src)) if do_recv else None
+    # (process group whose connection carries it, tensor, peer's rank there); None: nothing moved
+    out = _on(_carrier(group, me, dst, dst), send) if do_send else None
+    into = _on(_carrier(group, src, me, src), recv) if do_recv else None
     if (do_send and send.is_cuda) or (do_recv and recv.is_cuda):
         return _staged(out, into)
-    send_work = isend_on(out[1], out[0], out[2]) if out else None
-    recv_work = irecv_on(into[1], into[0], into[2]) if into else None
+    send_work = isend_on(*out) if out else None
+    recv_work = irecv_on(*into) if into else None
     return send_work, recv_work
+
+
+def _on(carrier: tuple[dist.ProcessGroup, int], tensor: torch.Tensor) -> tuple:
+    pg, peer = carrier
+    return pg, tensor, peer
 
 
 class _Staged:
@@ -155,10 +164,10 @@ def _staged(out, into) -> tuple[Work | None, Work | None]:
     """gloo moves host memory only: CUDA tensors go through host copies."""
     send_work = recv_work = None
     if out is not None:
-        send, pg, peer = out
+        pg, send, peer = out
         send_work = isend_on(pg, send.cpu() if send.is_cuda else send, peer)
     if into is not None:
-        recv, pg, peer = into
+        pg, recv, peer = into
         host = torch.empty(recv.shape, dtype=recv.dtype, pin_memory=recv.is_cuda)
         recv_work = _Staged(irecv_on(pg, host, peer), host, recv)
     return send_work, recv_work

@@ -5,7 +5,7 @@ takes about 20 ms, longer than sending it), so callers that run collectives repe
 Workspace and the buffers are allocated once. A Workspace is owned by its caller (no global
 cache) and serves one thread: give each thread that runs collectives its own.
 
-A Workspace also keeps the last few schedules (:meth:`Workspace.plan`): a ring's list of
+A Workspace also keeps the last few schedules (:func:`plan`): a ring's list of
 segment views costs about 0.1 ms of Python to build, paid before its first message leaves.
 """
 
@@ -38,6 +38,18 @@ class Workspace:
             self._buffers[key] = buf
         return buf[:numel].view(shape)
 
+    def plan(self, key: Hashable, build: Callable[[], T]) -> T:
+        """The schedule kept for ``key``, else ``build()``, kept (see :func:`plan`)."""
+        plans = self._plans
+        if key in plans:
+            plans[key] = plans.pop(key)  # most recent last
+            return plans[key]  # type: ignore[return-value]
+        made = build()
+        plans[key] = made
+        while len(plans) > PLANS_KEPT:
+            del plans[next(iter(plans))]
+        return made
+
 
 def scratch(
     workspace: Workspace | None, name: str, shape: tuple[int, ...], like: torch.Tensor
@@ -59,12 +71,4 @@ def plan(workspace: Workspace | None, key: Hashable, build: Callable[[], T]) -> 
     """
     if workspace is None:
         return build()
-    plans = workspace._plans
-    if key in plans:
-        plans[key] = plans.pop(key)  # most recent last
-        return plans[key]  # type: ignore[return-value]
-    made = build()
-    plans[key] = made
-    while len(plans) > PLANS_KEPT:
-        del plans[next(iter(plans))]
-    return made
+    return workspace.plan(key, build)
