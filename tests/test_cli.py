@@ -176,6 +176,57 @@ def test_summary_prints_ratio_tables(recorded_sweep, capsys):
     assert "| 2048 |" in table and "| 2097152 |" in table and "ring / builtin" in table
 
 
+def _run_file(path: Path, world: int, ratios: dict[int, float]) -> Path:
+    """A sweep file as commbench writes it, with ring's ratio to builtin per size."""
+    rows = [{"type": "header", "command": f"commbench sweep --world-size {world}"}]
+    for size, ratio in ratios.items():
+        for algo, r in (("builtin", 1.0), ("ring", ratio)):
+            rows.append(
+                {
+                    "type": "sweep",
+                    "collective": "all_reduce",
+                    "algorithm": algo,
+                    "world_size": world,
+                    "backend": "gloo",
+                    "dtype": "float32",
+                    "size_bytes": size,
+                    "busbw_gbps": r,
+                    "busbw_ratio_to_builtin": r,
+                    "frac_of_limit": None,
+                }
+            )
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_summary_across_runs_gives_mean_range_and_counts_under(tmp_path, capsys):
+    runs = [
+        _run_file(tmp_path / "a.jsonl", 4, {1024: 1.2, 2048: 0.85}),
+        _run_file(tmp_path / "b.jsonl", 4, {1024: 0.8, 2048: 0.95}),
+        _run_file(tmp_path / "c.jsonl", 4, {1024: 1.3, 2048: 1.05}),
+    ]
+    assert main(["summary", "--across", *map(str, runs)]) == 0
+    out = capsys.readouterr().out
+    assert "3 runs: all_reduce, 4 ranks, gloo, float32" in out
+    rows = [line for line in out.splitlines() if line[:3] in ("| 1", "| 2")]
+    assert rows == ["| 1024 | 1.10 [0.80, 1.30] (1, 1 of 3) |", "| 2048 | 0.95 [0.85, 1.05] (1, 2 of 3) |"]
+
+
+def test_summary_across_refuses_runs_of_different_sweeps(tmp_path, capsys):
+    a = _run_file(tmp_path / "a.jsonl", 2, {1024: 1.0})
+    b = _run_file(tmp_path / "b.jsonl", 4, {1024: 1.0})
+    assert main(["summary", "--across", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert "runs of one sweep" in err and err.count("\n") == 1
+
+
+def test_summary_across_one_real_sweep_twice(recorded_sweep, capsys):
+    path = str(recorded_sweep.json)
+    assert main(["summary", "--across", path, path]) == 0
+    out = capsys.readouterr().out
+    assert "| 2097152 |" in out and "ring / builtin" in out and " of 2) |" in out
+
+
 def test_sendrecv_defaults_to_its_only_algorithm(tmp_path):
     out = recorded.commbench(
         [

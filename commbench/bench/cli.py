@@ -131,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
         "limit, as a Markdown table, from files written by `commbench sweep --json`.",
     )
     summary.add_argument("files", nargs="+", help="JSON Lines files from commbench sweep")
+    summary.add_argument(
+        "--across",
+        action="store_true",
+        help="the files are repeated runs of one sweep: print one table of each algorithm's ratio "
+        "to builtin over them (mean, lowest, highest, runs under 0.9 and under 1.0)",
+    )
     demo = sub.add_parser(
         "demo",
         help="the default job: all_reduce with builtin, naive and ring on 2 local CPU ranks",
@@ -248,27 +254,52 @@ def cmd_sweep(config: Any, spec: Any, plot_path: str | None) -> int:
     return 0
 
 
-def cmd_summary(files: list[str]) -> int:
+def _sweep_file(path: str) -> tuple[dict, list[dict]]:
+    """(header, records) of a file written by ``commbench sweep --json``; ValueError otherwise."""
     import json
 
     from commbench.bench.records import read_jsonl
-    from commbench.bench.report import ratio_table
 
-    for path in files:
-        try:
-            records = read_jsonl(path)
-        except OSError as exc:
-            raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not JSON Lines: {exc.msg} at line {exc.lineno}") from None
-        bad = next((i for i, r in enumerate(records, 1) if not isinstance(r, dict)), None)
-        if bad is not None:
-            raise ValueError(f"{path} line {bad} is not a JSON object")
-        header = next((r for r in records if r.get("type") == "header"), {})
+    try:
+        records = read_jsonl(path)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON Lines: {exc.msg} at line {exc.lineno}") from None
+    bad = next((i for i, r in enumerate(records, 1) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise ValueError(f"{path} line {bad} is not a JSON object")
+    sweep = [r for r in records if r.get("type") == "sweep"]
+    missing = next((k for r in sweep for k in SUMMARY_KEYS if k not in r), None)
+    if missing:
+        raise ValueError(f"{path} has a sweep record without {missing!r}: not written by commbench sweep")
+    return next((r for r in records if r.get("type") == "header"), {}), records
+
+
+def _what(records: list[dict]) -> tuple:
+    """(collective, world size, backend, dtype) of a sweep file's records."""
+    first = next((r for r in records if r.get("type") == "sweep" and r["collective"] != "sendrecv"), {})
+    return tuple(first.get(k, "?") for k in ("collective", "world_size", "backend", "dtype"))
+
+
+def cmd_summary(files: list[str], across: bool = False) -> int:
+    from commbench.bench.report import ratio_table, spread_table
+
+    loaded = [(path, *_sweep_file(path)) for path in files]
+    if across:
+        whats = {_what(records) for _, _, records in loaded}
+        if len(whats) > 1:
+            kinds = "; ".join(", ".join(map(str, w)) for w in sorted(whats, key=str))
+            raise ValueError(f"--across needs runs of one sweep; these files hold several: {kinds}")
+        collective, world, backend, dtype = whats.pop()
+        print(f"### {len(files)} runs: {collective}, {world} ranks, {backend}, {dtype}\n")
+        commands = dict.fromkeys(header.get("command", "?") for _, header, _ in loaded)
+        print("```\n" + "\n".join(commands) + "\n```\n")
+        print(spread_table([records for _, _, records in loaded]))
+        print()
+        return 0
+    for path, header, records in loaded:
         sweep = [r for r in records if r.get("type") == "sweep"]
-        missing = next((k for r in sweep for k in SUMMARY_KEYS if k not in r), None)
-        if missing:
-            raise ValueError(f"{path} has a sweep record without {missing!r}: not written by commbench sweep")
         first = sweep[0] if sweep else {}
         print(
             f"### {path}: {first.get('collective', '?')}, {first.get('world_size', '?')} ranks, "
@@ -290,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sweep":
             return cmd_sweep(sweep_config(args), launch_spec(args), args.plot)
         if args.command == "summary":
-            return cmd_summary(args.files)
+            return cmd_summary(args.files, args.across)
         if args.command in ("report", "study", "profile"):
             from commbench.bench import profile, reporting, study
 

@@ -99,6 +99,40 @@ def ratio_table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def spread_table(runs: Sequence[Sequence[dict[str, Any]]]) -> str:
+    """Markdown table per size over repeated runs of one sweep: each algorithm's busbw ratio to
+    builtin as mean [lowest, highest], and in how many runs it fell under 0.9 and under 1.0."""
+    ratios: dict[int, dict[str, list[float]]] = {}
+    algos: list[str] = []
+    for records in runs:
+        for r in records:
+            if r.get("type") != "sweep" or r["collective"] == "sendrecv" or r["algorithm"] == "builtin":
+                continue
+            if r.get("busbw_ratio_to_builtin") is None:
+                continue
+            if r["algorithm"] not in algos:
+                algos.append(r["algorithm"])
+            ratios.setdefault(r["size_bytes"], {}).setdefault(r["algorithm"], []).append(
+                r["busbw_ratio_to_builtin"]
+            )
+    if not ratios:
+        return "(no ratios to builtin: sweep with builtin among the algorithms)"
+    head = ["size (B)"] + [f"{a} / builtin: mean [low, high] (< 0.9, < 1.0 of runs)" for a in algos]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for size in sorted(ratios):
+        cells = [str(size)]
+        for a in algos:
+            xs = ratios[size].get(a)
+            if not xs:
+                cells.append("-")
+                continue
+            mean, low, high = sum(xs) / len(xs), min(xs), max(xs)
+            under = sum(x < 0.9 for x in xs), sum(x < 1.0 for x in xs)
+            cells.append(f"{mean:.2f} [{low:.2f}, {high:.2f}] ({under[0]}, {under[1]} of {len(xs)})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _cell(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
