@@ -277,8 +277,8 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
 
 
 def _what(records: list[dict]) -> tuple:
-    """(collective, world size, backend, dtype) of a sweep file's records."""
-    first = next((r for r in records if r.get("type") == "sweep" and r["collective"] != "sendrecv"), {})
+    """(collective, world size, backend, dtype) of a sweep file's records (its first point's)."""
+    first = next((r for r in records if r.get("type") == "sweep"), {})
     return tuple(first.get(k, "?") for k in ("collective", "world_size", "backend", "dtype"))
 
 
@@ -299,12 +299,8 @@ def cmd_summary(files: list[str], across: bool = False) -> int:
         print()
         return 0
     for path, header, records in loaded:
-        sweep = [r for r in records if r.get("type") == "sweep"]
-        first = sweep[0] if sweep else {}
-        print(
-            f"### {path}: {first.get('collective', '?')}, {first.get('world_size', '?')} ranks, "
-            f"{first.get('backend', '?')}, {first.get('dtype', '?')}"
-        )
+        collective, world, backend, dtype = _what(records)
+        print(f"### {path}: {collective}, {world} ranks, {backend}, {dtype}")
         print(f"\n`{header.get('command', '?')}`\n")
         print(ratio_table(records))
         print()
