@@ -176,6 +176,22 @@ def test_summary_prints_ratio_tables(recorded_sweep, capsys):
     assert "| 2048 |" in table and "| 2097152 |" in table and "ring / builtin" in table
 
 
+def test_a_reader_that_leaves_early_ends_the_output_without_a_traceback(recorded_sweep):
+    # Enough tables to overflow the pipe after the reader has gone, as in `... | head -1`.
+    files = [str(recorded_sweep.json)] * 300
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commbench", "summary", *files],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert proc.stdout.readline().startswith(b"### ")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 128 + signal.SIGPIPE
+    assert err == ""
+
+
 def _run_file(path: Path, world: int, ratios: dict[int, float]) -> Path:
     """A sweep file as commbench writes it, with ring's ratio to builtin per size."""
     rows = [{"type": "header", "command": f"commbench sweep --world-size {world}"}]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -384,4 +385,9 @@ def main(argv: list[str] | None = None) -> int:
             "commbench: interrupted" + (f"; finished points are in {kept}" if kept else ""), file=sys.stderr
         )
         return 128 + getattr(exc, "signum", 2)
+    except BrokenPipeError:
+        # The reader of our output left (`commbench summary ... | head`): stop quietly, as a
+        # shell tool does on SIGPIPE; stdout goes to /dev/null so exiting does not flush into it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return 0
