@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 
 from commbench import comm
-from commbench.bench.collectives import SPECS
-from commbench.comm import p2p
-from commbench.comm.ops import DTYPES
+from commbench.bench.collectives import SPECS, poison
+from commbench.comm import p2p, ring
+from commbench.comm.ops import DTYPES, OPS
 from commbench.comm.workspace import PLANS_KEPT
 
 
@@ -27,6 +27,8 @@ def _collective(case: dict[str, Any]) -> list[str]:
     for algorithm in comm.ALGORITHMS[case["collective"]]:
         b = spec.make(count, dtype, torch.device("cpu"), rank, world, op, root)
         for attempt in range(2 if workspace is not None else 1):  # a reused workspace must not leak
+            if b.output.data_ptr() != b.input.data_ptr():
+                poison(b.output)  # an output the algorithm leaves unwritten cannot look right
             b.input.copy_(b.reference)
             ptr = b.output.data_ptr()
             spec.run(b, algorithm, op, root, None, workspace)
@@ -52,6 +54,60 @@ def _collective(case: dict[str, Any]) -> list[str]:
                 failures.append(f"{where}: input was modified")
             if hand_written and only_root and not torch.equal(b.input, b.reference):
                 failures.append(f"{where}: tensor of non-destination rank was modified")
+    return failures
+
+
+def _grid(case: dict[str, Any]) -> list[str]:
+    """Every dtype and every op it allows, every algorithm of one collective, one odd count."""
+    failures = []
+    ops = OPS if SPECS[case["collective"]].needs_op else ("sum",)
+    for i, (dtype, op) in enumerate((d, o) for d in DTYPES for o in ops):
+        if op == "avg" and not DTYPES[dtype].is_floating_point:
+            continue
+        one = {**case, "dtype": dtype, "op": op, "workspace": i % 2 == 0}
+        failures += [f"{dtype} {op}: {f}" for f in _collective(one)]
+    return failures
+
+
+def _ring_call(name: str, b: Any, op: str, root: int, segment_bytes: int, workspace: Any) -> None:
+    """One ring collective on the buffers ``b`` with pipeline segments of ``segment_bytes``."""
+    kw = {"segment_bytes": segment_bytes, "workspace": workspace}
+    if name == "all_reduce":
+        ring.all_reduce(b.input, op, None, **kw)
+    elif name == "reduce_scatter":
+        ring.reduce_scatter(b.output, b.input, op, None, **kw)
+    elif name == "all_gather":
+        ring.all_gather(b.output, b.input, None, **kw)
+    elif name == "broadcast":
+        ring.broadcast(b.input, root, None, **kw)
+    else:
+        ring.reduce(b.input, root, op, None, **kw)
+
+
+def _segmented(case: dict[str, Any]) -> list[str]:
+    """The ring collectives cut into many pipeline segments (a few elements each), twice with one
+    Workspace, against the closed form."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    root = world - 1
+    workspace = comm.Workspace()
+    failures = []
+    for name in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"):
+        spec = SPECS[name]
+        count = case["count"] * (world if name in ("reduce_scatter", "all_gather") else 1)
+        for dtype, op in (("float32", "sum"), ("float64", "avg"), ("int32", "max"), ("int64", "prod")):
+            op = op if spec.needs_op else "sum"
+            b = spec.make(count, DTYPES[dtype], torch.device("cpu"), rank, world, op, root)
+            for attempt in range(2):
+                if b.output.data_ptr() != b.input.data_ptr():
+                    poison(b.output)
+                b.input.copy_(b.reference)
+                _ring_call(name, b, op, root, case["segment_bytes"], workspace)
+                wrong = spec.wrong(b, op, rank, world, root)
+                if wrong:
+                    failures.append(
+                        f"{name} {dtype} {op} (run {attempt + 1}) on rank {rank}: {wrong} of "
+                        f"{b.output.numel()} elements wrong"
+                    )
     return failures
 
 
@@ -106,6 +162,8 @@ def _validation(case: dict[str, Any]) -> dict[str, str]:
         "scatter input size": lambda: comm.reduce_scatter(torch.empty(4), torch.ones(4 * world - 1)),
         "dtype mismatch": lambda: comm.all_gather(torch.empty(4 * world, dtype=torch.float64), torch.ones(4)),
         "root out of range": lambda: comm.broadcast(torch.ones(4), src=world),
+        "root a float": lambda: comm.broadcast(torch.ones(4), src=0.0),
+        "root a bool": lambda: comm.reduce(torch.ones(4), dst=True),
         "not a tensor": lambda: comm.all_reduce([1.0, 2.0]),
     }
     out = {}
@@ -115,6 +173,22 @@ def _validation(case: dict[str, Any]) -> dict[str, str]:
             out[name] = "no error"
         except (ValueError, TypeError) as exc:
             out[name] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def _autograd(case: dict[str, Any]) -> dict[str, bool]:
+    """Each algorithm on a leaf tensor that requires grad, as the backend's own collective takes it;
+    a root given as a 0-dim tensor works as an int."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for algorithm in comm.ALGORITHMS["all_reduce"]:
+        tensor = torch.full((1000,), float(rank + 1), requires_grad=True)
+        comm.all_reduce(tensor, "sum", algorithm)
+        out[f"all_reduce {algorithm}"] = bool(torch.all(tensor == world * (world + 1) / 2))
+    for algorithm in comm.ALGORITHMS["broadcast"]:
+        tensor = torch.full((10,), float(rank))
+        comm.broadcast(tensor, torch.tensor(world - 1), algorithm)
+        out[f"broadcast {algorithm}"] = bool(torch.all(tensor == world - 1))
     return out
 
 
@@ -216,6 +290,9 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
     kind, body = case
     return {
         "collective": _collective,
+        "grid": _grid,
+        "segmented": _segmented,
+        "autograd": _autograd,
         "bytes": _bytes,
         "mismatch": _mismatch,
         "validation": _validation,

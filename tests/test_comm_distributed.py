@@ -45,6 +45,27 @@ def test_every_algorithm_matches_builtin_and_closed_form(worlds, world_size, cas
 
 @pytest.mark.parametrize("world_size", [2, 3, 4, 5])
 @pytest.mark.parametrize("collective", sorted(ALGORITHMS))
+def test_every_dtype_and_op_at_every_world_size(worlds, world_size, collective):
+    """The property test above samples; this covers the whole dtype x op grid once per world size."""
+    case = {"collective": collective, "count": 1021, "root": world_size - 1}
+    assert worlds(world_size).run(("grid", case)) == [[]] * world_size
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+@pytest.mark.parametrize(("count", "segment_bytes"), [(211, 16), (7, 4), (0, 4), (4099, 1024)])
+def test_ring_pipeline_with_many_segments(worlds, world_size, count, segment_bytes):
+    case = {"count": count, "segment_bytes": segment_bytes}
+    assert worlds(world_size).run(("segmented", case)) == [[]] * world_size
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_tensors_that_require_grad_and_tensor_roots_are_taken(worlds, world_size):
+    results = worlds(world_size).run(("autograd", {}))
+    assert all(all(r.values()) for r in results), results
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5])
+@pytest.mark.parametrize("collective", sorted(ALGORITHMS))
 def test_bytes_on_the_wire_match_the_cost_model(worlds, world_size, collective):
     world = worlds(world_size)
     for algorithm in ALGORITHMS[collective]:
@@ -89,6 +110,8 @@ def test_bad_arguments_raise_clear_errors(worlds):
         "scatter input size": "must have world_size x 4",
         "dtype mismatch": "share dtype",
         "root out of range": "src must be a rank",
+        "root a float": "src must be an integer rank, got float 0.0",
+        "root a bool": "dst must be an integer rank, got True",
         "not a tensor": "must be a torch.Tensor",
     }
     for rank_result in worlds(2).run(("validation", {})):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -19,6 +20,24 @@ import torch.distributed as dist
 from commbench.bench import launch
 
 CASE_TIMEOUT_S = 60.0
+IDLE_POLL_S = 30.0  # a rank waiting for its next case checks this often that the pytest process lives
+IDLE_LIMIT_S = 1800.0  # and gives up after this long without a case
+
+
+def _next_case(store: dist.TCPStore, key: str) -> Any:
+    """The case under ``key``, however long other worlds keep this one idle.
+
+    A wait that times out means no case yet; a pytest process that has gone closes the store's
+    connection, which raises at once.
+    """
+    deadline = time.monotonic() + IDLE_LIMIT_S
+    while True:
+        try:
+            store.wait([key], timedelta(seconds=IDLE_POLL_S))
+            return pickle.loads(store.get(key))
+        except dist.DistStoreError:
+            if time.monotonic() > deadline:
+                raise
 
 
 def _serve(host: str, port: int, runner: Callable[[Any], Any]) -> None:
@@ -27,7 +46,7 @@ def _serve(host: str, port: int, runner: Callable[[Any], Any]) -> None:
     rank = dist.get_rank()
     i = 0
     while True:
-        case = pickle.loads(store.get(f"case/{i}"))
+        case = _next_case(store, f"case/{i}")
         if case is None:
             return
         try:

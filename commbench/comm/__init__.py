@@ -9,6 +9,7 @@ instead of hanging. Benchmarks pass ``check=False``. Callers that repeat collect
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import torch
@@ -113,9 +114,23 @@ def _check_pair(output: torch.Tensor, input: torch.Tensor, factor: int, what: st
         )
 
 
-def _check_root(name: str, root: int, world: int) -> None:
-    if not 0 <= root < world:
-        raise ValueError(f"{name} must be a rank in [0, {world}), got {root}")
+def _check_root(name: str, root: int, world: int) -> int:
+    """``root`` as a plain int rank of the group; raises on anything else (a bool, a float)."""
+    if isinstance(root, bool):
+        raise TypeError(f"{name} must be an integer rank, got {root!r}")
+    try:
+        rank = operator.index(root)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer rank, got {type(root).__name__} {root!r}") from None
+    if not 0 <= rank < world:
+        raise ValueError(f"{name} must be a rank in [0, {world}), got {rank}")
+    return rank
+
+
+def _check_device(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    """NCCL moves CUDA tensors only (gloo takes both: CUDA tensors are staged through the host)."""
+    if dist.get_backend(group) == "nccl" and tensor.device.type != "cuda":
+        raise ValueError(f"the nccl backend moves CUDA tensors only; this one is on {tensor.device}")
 
 
 def _agree(group: dist.ProcessGroup | None, device: torch.device, *fields: int) -> None:
@@ -159,12 +174,15 @@ def _prepare(
     ``validate`` raises on bad local arguments, else returns (the tensor whose shape and dtype
     every rank must share, message size in bytes, op, root). A rank whose arguments are bad
     still takes part in the agreement, so the others raise too instead of waiting for it.
+    The implementation runs without autograd, like the backend's own collectives: a tensor that
+    requires grad is reduced in place, not refused half way through by one rank's kernel.
     """
     world = dist.get_world_size(group)
     p2p.enable_duplex(group)  # every rank reaches this line, whatever its arguments
     error: Exception | None = None
     try:
         tensor, size_bytes, op, root = validate()
+        _check_device(tensor, group)
         impl = _IMPLS[collective][resolve(collective, algorithm, size_bytes, world)]
         algo_code = list(ALGORITHMS[collective]).index(algorithm)
         fields = (tensor.numel(), _DTYPE_CODES[tensor.dtype], _OP_CODES[op], algo_code, root)
@@ -179,7 +197,12 @@ def _prepare(
                 raise
     if error is not None:
         raise error
-    return impl
+
+    def run(*args, **kwargs) -> None:
+        with torch.no_grad():
+            impl(*args, **kwargs)
+
+    return run
 
 
 def all_reduce(
@@ -254,8 +277,9 @@ def broadcast(
     """Copy ``tensor`` from rank ``src`` (within ``group``) to every rank."""
 
     def validate() -> tuple[torch.Tensor, int, str, int]:
+        nonlocal src
         _check_tensor("tensor", tensor)
-        _check_root("src", src, dist.get_world_size(group))
+        src = _check_root("src", src, dist.get_world_size(group))
         return tensor, tensor.numel() * tensor.element_size(), "sum", src
 
     _prepare("broadcast", algorithm, group, check, validate)(tensor, src, group, workspace=workspace)
@@ -275,9 +299,10 @@ def reduce(
     ranks' tensors unchanged."""
 
     def validate() -> tuple[torch.Tensor, int, str, int]:
+        nonlocal dst
         _check_tensor("tensor", tensor)
         check_op(op, tensor.dtype)
-        _check_root("dst", dst, dist.get_world_size(group))
+        dst = _check_root("dst", dst, dist.get_world_size(group))
         return tensor, tensor.numel() * tensor.element_size(), op, dst
 
     _prepare("reduce", algorithm, group, check, validate)(tensor, dst, op, group, workspace=workspace)
