@@ -41,7 +41,14 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["sweep", "-n", "0"], "iters"),
         (["sweep", "-r", "2", "--world-size", "2"], "root 2"),
         (["sweep", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),
-        (["sweep", "--plot", "/"], "cannot write"),
+        (["sweep", "--plot", "/nonexistent-dir/x.png"], "cannot write"),
+        (["sweep", "--plot", "busbw.txt"], "must end in .png, .pdf, .svg (got .txt)"),
+        (
+            ["sweep", "-b", "1", "-e", "3"],
+            "hold no whole float32 element for all_reduce on 2 ranks: give -e 4",
+        ),
+        (["sweep", "--collective", "all_gather", "-b", "4", "-e", "7"], "give -e 8"),
+        (["sweep", "--timeout", "0.001"], "seconds >= 1"),
         (["sweep", "--backend", "nccl"], "needs --device cuda"),
         (["sweep", "--timeout", "inf"], "finite"),
         (["sweep", "-f", "inf"], "finite"),
@@ -160,6 +167,9 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
         ("3\n", "not a JSON object"),
         ('{"type": "sweep"}\n', "without 'collective'"),
         ("{oops\n", "not JSON Lines"),
+        ("", "holds no sweep records"),
+        ('{"type": "header", "command": "commbench sweep"}\n', "holds no sweep records"),
+        ('{"type": "epoch", "strategy": "ring"}\n', "holds no sweep records"),
     ],
 )
 def test_summary_rejects_files_it_did_not_write(tmp_path, capsys, content, needle):
@@ -265,3 +275,40 @@ def test_sendrecv_defaults_to_its_only_algorithm(tmp_path):
     assert records == lines  # --no-probe: no timeline record, and no counted bytes
     assert all(r["measured_wire_bytes"] is None and r["hosts"] is None for r in records)
     assert [(r["collective"], r["algorithm"], r["wrong"]) for r in records] == [("sendrecv", "p2p", 0)]
+
+
+def test_summary_names_a_file_that_is_not_text(tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"\xff\xfe\x00")
+    assert main(["summary", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path} is not JSON Lines: not UTF-8 text" in err and err.count("\n") == 1
+
+
+def test_one_rank_sweep_has_no_ratio_to_a_busbw_of_zero(tmp_path):
+    """At one rank the bus factor of all_reduce is 0, so every busbw is 0: no ratio, no crash."""
+    path = tmp_path / "r.jsonl"
+    argv = ["sweep", "-b", "4K", "-e", "4K", "--world-size", "1", "-n", "1", "-w", "0", "--no-probe"]
+    out = recorded.commbench([*argv, "--json", str(path)])
+    assert out.returncode == 0, out.stderr
+    records = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "sweep"]
+    assert {r["algorithm"] for r in records} >= {"builtin", "naive", "ring", "p2p"}
+    for r in records:
+        if r["algorithm"] != "p2p":
+            assert r["busbw_gbps"] == 0 and r["busbw_ratio_to_builtin"] is None and r["wrong"] == 0, r
+
+
+def test_ctrl_c_while_torch_loads_is_one_line_and_exit_130():
+    """The signal waits for the import (a KeyboardInterrupt inside it can abort in C++)."""
+    code = (
+        "import sys; from commbench.bench import cli; print('ready', flush=True); "
+        "sys.exit(cli.main(['summary', 'x']))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.2)  # importing torch takes seconds; the signal lands in it
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (130, "commbench: interrupted\n")

@@ -48,6 +48,9 @@ SUMMARY_KEYS = (
         (["train", "--momentum", "1"], "momentum"),
         (["train", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),
         (["compare", "--world-size", "0"], "world size"),
+        (["train", "--seed", "-1"], "seed must be an integer in [0, 2**32)"),
+        (["train", "--seed", str(1 << 70)], "seed must be an integer in [0, 2**32)"),
+        (["compare", "--plot", "steps.txt"], "must end in .png"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv: list[str], needle: str) -> None:
@@ -100,3 +103,23 @@ def test_train_none_runs_on_one_rank_without_world_size(tmp_path: Path) -> None:
     summary = [json.loads(x) for x in path.read_text().splitlines()][-2]
     assert summary["type"] == "train_summary" and summary["world_size"] == 1
     assert summary["comm_ms"] == 0 and summary["hidden_comm_fraction"] is None
+
+
+def test_an_error_inside_the_ranks_is_one_line_too():
+    """The launcher's own multi-line report of a failed rank stays quiet: the message names the rank."""
+    argv = [
+        "train",
+        "--strategy",
+        "ring",
+        "--world-size",
+        "2",
+        "--samples",
+        "1",
+        "--no-eval",
+        "-q",
+        "--no-probe",
+    ]
+    out = recorded.commbench(argv)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "failed: ValueError: 1 samples do not make one batch" in out.stderr

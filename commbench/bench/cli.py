@@ -7,6 +7,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -242,13 +243,32 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None) -> list[dict]:
     return rows
 
 
+def _check_some_size_fits(config: Any, world: int) -> None:
+    """Raise unless at least one size of the sweep holds an element (per rank where it is split)."""
+    from commbench.bench.collectives import SPECS
+    from commbench.bench.sweep import sizes
+    from commbench.comm.ops import DTYPES
+
+    itemsize = DTYPES[config.dtype].itemsize
+    spec = SPECS[config.collective]
+    if not any(spec.count(size, itemsize, world) for size in sizes(config)):
+        least = itemsize * world if spec.count(itemsize, itemsize, world) == 0 else itemsize
+        raise ValueError(
+            f"sizes {config.min_bytes} to {config.max_bytes} bytes hold no whole {config.dtype} element "
+            f"for {config.collective} on {world} ranks: give -e {least} or more"
+        )
+
+
 def cmd_sweep(config: Any, spec: Any, plot_path: str | None) -> int:
     from commbench.bench import launch
-    from commbench.bench.records import check_writable
+    from commbench.bench.records import check_plot_path, check_writable
 
     if config.root >= spec.world_size:
         raise ValueError(f"root {config.root} is not a rank of a world of {spec.world_size}")
-    for path in (config.json_path, config.csv_path, plot_path):
+    _check_some_size_fits(config, spec.world_size)
+    if plot_path:
+        check_plot_path(plot_path)
+    for path in (config.json_path, config.csv_path):
         if path:
             check_writable(path)
     launch.run(_sweep_rank, (config, spec.device, plot_path), spec)
@@ -267,6 +287,8 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not JSON Lines: {exc.msg} at line {exc.lineno}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not JSON Lines: not UTF-8 text") from None
     bad = next((i for i, r in enumerate(records, 1) if not isinstance(r, dict)), None)
     if bad is not None:
         raise ValueError(f"{path} line {bad} is not a JSON object")
@@ -274,6 +296,10 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
     missing = next((k for r in sweep for k in SUMMARY_KEYS if k not in r), None)
     if missing:
         raise ValueError(f"{path} has a sweep record without {missing!r}: not written by commbench sweep")
+    if not sweep:
+        raise ValueError(
+            f"{path} holds no sweep records: they come from commbench sweep --json, once a size is done"
+        )
     return next((r for r in records if r.get("type") == "header"), {}), records
 
 
@@ -308,9 +334,79 @@ def cmd_summary(files: list[str], across: bool = False) -> int:
     return 0
 
 
+def _leave_ctrl_c_to_the_launcher() -> None:
+    """In a rank the launcher is still spawning, ignore Ctrl-C until the rank installs its own
+    handlers (launch._rank_main).
+
+    Ctrl-C reaches every process of the terminal's group. A rank still importing torch would
+    print a KeyboardInterrupt traceback; the launcher, which gets the same signal, stops it
+    anyway. multiprocessing marks a process as inheriting while it prepares a spawned child,
+    which is when this module is imported there (through the main module).
+    """
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+_leave_ctrl_c_to_the_launcher()
+
+
+class _SignalWhileLoading(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def _import_launch() -> Any:
+    """The launcher module, imported (with torch, seconds) while Ctrl-C and SIGTERM wait.
+
+    A KeyboardInterrupt raised inside torch's import can end in a C++ abort; held back, the
+    signal is reported once the import is done (:class:`_SignalWhileLoading`).
+    """
+    if threading.current_thread() is not threading.main_thread():  # signals go to the main thread
+        from commbench.bench import launch
+
+        return launch
+    held: list[int] = []
+    saved = {
+        s: signal.signal(s, lambda signum, frame: held.append(signum))
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        from commbench.bench import launch
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    if held:
+        raise _SignalWhileLoading(held[0])
+    return launch
+
+
+def _kept(path: str | None) -> str:
+    """What an interrupted run left in ``path``, for its one-line message."""
+    if not path:
+        return ""
+    import json
+
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+        points = sum(json.loads(x).get("type") not in ("header", "probe") for x in lines if x.strip())
+    except (OSError, ValueError, AttributeError):
+        points = 0
+    if points:
+        return f"; finished points are in {path}"
+    return f"; nothing had finished, {path} holds no points"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``commbench`` command; returns the exit code."""
-    from commbench.bench.launch import Interrupted, RankFailed
+    try:
+        launch = _import_launch()
+    except _SignalWhileLoading as exc:
+        print("commbench: interrupted", file=sys.stderr)
+        return 128 + exc.signum
+    Interrupted, RankFailed = launch.Interrupted, launch.RankFailed
 
     args = None
     try:
@@ -381,9 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         kept = getattr(args, "json", None) or (
             "results/demo.jsonl" if args and args.command == "demo" else None
         )
-        print(
-            "commbench: interrupted" + (f"; finished points are in {kept}" if kept else ""), file=sys.stderr
-        )
+        print("commbench: interrupted" + _kept(kept), file=sys.stderr)
         return 128 + getattr(exc, "signum", 2)
     except BrokenPipeError:
         # The reader of our output left (`commbench summary ... | head`): stop quietly, as a

@@ -141,6 +141,17 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
     return ClusterConfig(hosts=args.hosts, shaping=shaping, inner=tuple(inner))
 
 
+def _check_outputs(inner: argparse.Namespace) -> None:
+    """The inner command's output files, checked before anything is built (they are written last)."""
+    from commbench.bench.records import check_plot_path, check_writable
+
+    for name in ("json", "csv"):
+        if getattr(inner, name, None):
+            check_writable(getattr(inner, name))
+    if getattr(inner, "plot", None):
+        check_plot_path(inner.plot)
+
+
 def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = None) -> int:
     """``commbench cluster``: check, build, run, report, remove. Returns the exit code.
 
@@ -152,6 +163,7 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
 
     config = config_from_args(args)
     inner = build_parser().parse_args(list(config.inner))  # bad inner input: exit 2 before building
+    _check_outputs(inner)
     (privileges or netns.check_privileges)()
     with tempfile.TemporaryDirectory(prefix="commbench-cluster-") as work:
         json_path = getattr(inner, "json", None)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from commbench.comm import p2p
 
 BACKENDS = ("gloo", "nccl")
+MIN_TIMEOUT_S = 1.0  # the rendezvous takes whole seconds; below one it has no time at all
 
 
 class Interrupted(Exception):
@@ -65,8 +66,11 @@ class LaunchSpec:
             raise ValueError(f"unknown backend {self.backend!r}; choose from {', '.join(BACKENDS)}")
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("backend nccl needs --device cuda")
-        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
-            raise ValueError(f"timeout must be a finite number of seconds > 0, got {self.timeout_s}")
+        if not (self.timeout_s >= MIN_TIMEOUT_S and math.isfinite(self.timeout_s)):
+            raise ValueError(
+                f"timeout must be a finite number of seconds >= {MIN_TIMEOUT_S:g} (ranks need that long "
+                f"to meet), got {self.timeout_s}"
+            )
 
     @property
     def resolved_backend(self) -> str:
@@ -162,10 +166,16 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     _cheap_rendezvous_event_names()
-    quiet = ("torch.distributed.elastic", "torch.distributed.launcher", "torchelastic")
-    for name in [*logging.root.manager.loggerDict, *quiet]:  # the launcher's progress chatter
+    quiet = (
+        "torch.distributed.elastic",
+        "torch.distributed.launcher",
+        "torchelastic",
+        "torch.multiprocessing",
+    )
+    # The launcher's progress chatter, and its multi-line report of a failed rank (RankFailed says it in one).
+    for name in [*logging.root.manager.loggerDict, *quiet]:
         if name.startswith(quiet):
-            logging.getLogger(name).setLevel(logging.ERROR)
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="commbench-") as error_dir:
         config = LaunchConfig(
             min_nodes=1,

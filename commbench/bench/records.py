@@ -65,6 +65,20 @@ def check_writable(path: str | Path) -> None:
         raise ValueError(f"cannot write {p}: {exc.strerror}") from None
 
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # what matplotlib writes without extra packages
+
+
+def check_plot_path(path: str | Path) -> None:
+    """Raise ValueError unless ``path`` is a writable file name matplotlib can save a plot as."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in PLOT_SUFFIXES:
+        raise ValueError(
+            f"cannot plot to {path}: the name must end in {', '.join(PLOT_SUFFIXES)}"
+            f" (got {suffix or 'no suffix'})"
+        )
+    check_writable(path)
+
+
 class RecordWriter:
     """Writes a header and records to JSON Lines and/or CSV as they come."""
 

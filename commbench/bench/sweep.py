@@ -102,6 +102,12 @@ class SweepConfig:
         return self.algorithms + extra
 
 
+def _ratio(value: float, reference: float | None) -> float | None:
+    """value / reference; None without a reference or where it is 0 (busbw at one rank, whose bus
+    factor is 0 for the reducing collectives)."""
+    return value / reference if reference else None
+
+
 def sizes(config: SweepConfig) -> list[int]:
     """Message sizes from min to max by step factor or step bytes (nccl-tests' -f / -i)."""
     out = []
@@ -272,11 +278,9 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
                 algbw_gbps=algbw,
                 busbw_gbps=busbw[s],
                 wrong=wrong[s],
-                busbw_ratio_to_builtin=busbw[s] / busbw["builtin"]
-                if "builtin" in busbw and s != LIMIT
-                else None,
-                limit_busbw_gbps=busbw[LIMIT] if LIMIT in busbw else None,
-                frac_of_limit=busbw[s] / busbw[LIMIT] if LIMIT in busbw else None,
+                busbw_ratio_to_builtin=_ratio(busbw[s], busbw.get("builtin")) if s != LIMIT else None,
+                limit_busbw_gbps=busbw.get(LIMIT),
+                frac_of_limit=_ratio(busbw[s], busbw.get(LIMIT)),
                 computed_sent_bytes_per_rank=sent,
                 computed_recv_bytes_per_rank=recv,
                 **(counted[s].fields() if s in counted else {}),

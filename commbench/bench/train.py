@@ -245,7 +245,7 @@ def _train_rank(config: Any, device: str) -> list[dict]:
 
 def cmd_train(config: Any, spec: Any) -> int:
     from commbench.bench import launch
-    from commbench.bench.records import check_writable
+    from commbench.bench.records import check_plot_path, check_writable
     from commbench.trainers.sync import CUDA_ONLY
 
     for s in config.strategies:
@@ -255,9 +255,10 @@ def cmd_train(config: Any, spec: Any) -> int:
             raise ValueError(f"strategy {s} needs --device cuda")
     if config.batch_size == 0 and spec.device != "cuda":
         raise ValueError("searching the largest batch (--batch-size 0) needs --device cuda")
-    for path in (config.json_path, config.plot_path):
-        if path:
-            check_writable(path)
+    if config.json_path:
+        check_writable(config.json_path)
+    if config.plot_path:
+        check_plot_path(config.plot_path)
     if config.dataset != "synthetic":  # a missing or malformed file is reported once, before launching
         from commbench.trainers.data import build_dataset
 

@@ -30,6 +30,9 @@ LR_SCALINGS = ("none", "linear")
 PHASES = ("data", "forward", "backward", "exposed_comm", "optimizer", "step", "comm", "hidden_comm")
 
 
+SEED_LIMIT = 1 << 32
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One training run (``train``) or several strategies side by side (``compare``)."""
@@ -101,6 +104,8 @@ class TrainConfig:
             )
         if self.loss_threshold is not None and not math.isfinite(self.loss_threshold):
             raise ValueError(f"loss threshold must be finite, got {self.loss_threshold}")
+        if not 0 <= self.seed < SEED_LIMIT:  # each rank seeds seed * 1000 + rank: it must stay an int64
+            raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed}")
 
     def input_shape(self) -> tuple[int, ...]:
         """(C, H, W) of the images: the dataset's own, or for synthetic data the model's
