@@ -9,7 +9,7 @@ PYTEST := $(BIN)/python -m pytest
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,7 +29,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 constraints: $(STAMP)
-	$(BIN)/python -m pip freeze --exclude-editable > constraints.txt
+	{ sed -n 1p constraints.txt; $(BIN)/python -m pip freeze --all --exclude-editable | grep -v '^pip=='; } > constraints.new
+	mv constraints.new constraints.txt
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
