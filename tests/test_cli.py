@@ -3,12 +3,14 @@ keeps finished points when interrupted."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -195,11 +197,23 @@ def test_a_reader_that_leaves_early_ends_the_output_without_a_traceback(recorded
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
-    assert proc.stdout.readline().startswith(b"### ")
-    proc.stdout.close()
-    err = proc.stderr.read().decode()
+    with _kill_after(proc, 120):  # the reads below have no timeout of their own
+        assert proc.stdout.readline().startswith(b"### ")
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 128 + signal.SIGPIPE
     assert err == ""
+
+
+@contextlib.contextmanager
+def _kill_after(proc: subprocess.Popen, seconds: float):
+    """Kill ``proc`` if the block is still running after ``seconds``: a blocked read then returns."""
+    timer = threading.Timer(seconds, proc.kill)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _run_file(path: Path, world: int, ratios: dict[int, float]) -> Path:
@@ -307,7 +321,8 @@ def test_ctrl_c_while_torch_loads_is_one_line_and_exit_130():
     proc = subprocess.Popen(
         [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    assert proc.stdout.readline().strip() == "ready"
+    with _kill_after(proc, 120):
+        assert proc.stdout.readline().strip() == "ready"
     time.sleep(0.2)  # importing torch takes seconds; the signal lands in it
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

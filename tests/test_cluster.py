@@ -188,8 +188,8 @@ def _ours(owner: int) -> list[str]:
 
 def _root_state() -> tuple[set[str], set[str]]:
     """Interface names, and the shaping qdiscs, of this (the root) namespace."""
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=30).stdout
+    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True, timeout=30).stdout
     names = {m.group(1) for m in re.finditer(r"^\d+: ([^:@]+)", links, re.M)}
     return names, {line for line in qdiscs.splitlines() if re.search(r"qdisc (tbf|netem)", line)}
 
@@ -206,9 +206,11 @@ def _assert_clean(owner: int, before: tuple[set[str], set[str]]) -> None:
 def test_three_hosts_bytes_per_host_match_the_cost_model(tmp_path, capfd):
     """naive: rank 0 moves (n-1)x what the others move; ring: balanced; measured at the switch."""
     before = _root_state()
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, timeout=60
+    )
     stale = f"commbench-{int(dead.stdout)}-h0"  # as a crashed earlier run leaves it
-    subprocess.run(["ip", "netns", "add", stale], check=True)
+    subprocess.run(["ip", "netns", "add", stale], check=True, timeout=30)
     out = tmp_path / "c3.jsonl"
     argv = ["cluster", "--hosts", "3", "--rate", "500mbit", "--", "sweep", "-a", "naive,ring"]
     argv += ["-b", "256K", "-e", "1M", "-f", "4", "-n", "3", "-w", "1", "--no-limit", "--json", str(out)]
