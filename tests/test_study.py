@@ -1,11 +1,15 @@
-"""Every preset in studies/ parses and validates at every scale, and runs at the tiny scale."""
+"""Every preset in studies/ parses and validates at every scale, and runs at the tiny scale; an
+interrupted run stops the study, and an output directory that cannot be made is bad input."""
 
 from __future__ import annotations
+
+import os
+import signal
 
 import pytest
 
 from commbench.bench import study
-from commbench.bench.cli import main
+from commbench.bench.cli import build_parser, main
 
 NAMES = study.known_studies()
 
@@ -98,3 +102,71 @@ def test_tiny_run_writes_the_report(name, tmp_path):
     for line in text.splitlines():
         if line.startswith("!["):
             assert (md.parent / line[line.index("](") + 2 : -1]).exists()
+
+
+def _counting(codes: dict[int, int]):
+    """An execute that records each command line and returns ``codes[call]`` (0 for the others)."""
+    started: list[list[str]] = []
+
+    def execute(argv: list[str]) -> int:
+        started.append(argv)
+        return codes.get(len(started), 0)
+
+    return started, execute
+
+
+@pytest.mark.parametrize("code", [130, 143])
+def test_an_interrupted_run_stops_the_study(tmp_path, code):
+    config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
+    started, execute = _counting({2: code})
+    outcomes, md = study.run_study(config, execute=execute)
+    assert len(started) == 2  # the third run never started
+    assert [o.returncode for o in outcomes] == [0, code] and md is None
+    assert (tmp_path / "st" / "runs").is_dir() and not (tmp_path / "st" / "report.md").exists()
+
+
+def test_an_interrupted_cluster_run_is_not_retried_on_local_ranks(tmp_path, monkeypatch):
+    monkeypatch.setattr(study, "cluster_available", lambda: None)
+    config = study.StudyConfig(name="001_sync_strategies", out_dir=str(tmp_path / "st"))
+    started, execute = _counting({1: 143})
+    outcomes, md = study.run_study(config, execute=execute)
+    assert [a[0] for a in started] == ["cluster"] and md is None
+
+
+def test_study_command_returns_the_interrupted_code(tmp_path, monkeypatch, capsys):
+    started, execute = _counting({1: 130})
+    monkeypatch.setattr("commbench.bench.cli.main", execute)  # the runs; study.run is called directly
+    args = build_parser().parse_args(["study", "000_backbones", "-q", "-o", str(tmp_path / "st")])
+    assert study.run(args) == 130 and len(started) == 1
+    assert "report:" not in capsys.readouterr().out
+
+
+def test_a_signal_between_runs_stops_the_study(tmp_path):
+    from commbench.bench.launch import Interrupted
+
+    def fail(signum, frame):
+        raise AssertionError("SIGTERM reached the test's own handler")
+
+    def execute(argv: list[str]) -> int:
+        started.append(argv)
+        os.kill(os.getpid(), signal.SIGTERM)  # lands in the study's code, not in a run's CLI
+        return 0
+
+    started: list[list[str]] = []
+    before = signal.signal(signal.SIGTERM, fail)
+    try:
+        config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"))
+        with pytest.raises(Interrupted) as info:
+            study.run_study(config, execute=execute)
+        assert info.value.signum == signal.SIGTERM and len(started) == 1
+        assert signal.getsignal(signal.SIGTERM) is fail  # the old handler is back
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.parametrize("out", ["/proc/commbench-x", "/etc/passwd", "/dev/null"])
+def test_unwritable_output_is_one_line_before_any_run(out, capsys):
+    assert main(["study", "000_backbones", "--tiny", "-q", "-o", out]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "cannot create" in captured.err and out in captured.err
+    assert "== study" not in captured.out

@@ -12,13 +12,16 @@ built, and on local ranks otherwise; the report says which.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import shlex
+import signal
 import statistics
+import threading
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from commbench.bench import reporting as rp
 SCALES = ("tiny", "default", "full")
 COMMANDS = ("sweep", "train", "compare")
 SCALE_ENV = "COMMBENCH_STUDY_SCALE"
+INTERRUPTED = (128 + signal.SIGINT, 128 + signal.SIGTERM)  # a run's exit code when a signal stopped it
 STUDY_KEYS = {"title", "reference", "about", "metrics", "plot", "defaults", "group", "cluster_rate"}
 GROUP_KEYS = {
     "label",
@@ -378,9 +382,17 @@ def run_study(
     config: StudyConfig,
     execute: Callable[[list[str]], int] | None = None,
     on_run: Callable[[Planned, int], None] | None = None,
-) -> tuple[list[Outcome], Path]:
+) -> tuple[list[Outcome], Path | None]:
     """Run every planned command (``execute`` defaults to the CLI in this process), then write the
-    report; returns the outcomes and the report's Markdown path."""
+    report; returns the outcomes and the report's Markdown path.
+
+    A run that exits with 130 or 143 was interrupted (and said so): the study stops there, keeps the
+    finished runs' records, writes no report and returns None for its path.
+
+    Raises:
+        ValueError: a bad preset or command line, or an output directory that cannot be made.
+        Interrupted: SIGINT or SIGTERM reached the study between runs.
+    """
     from commbench.bench.cli import main as cli_main
 
     execute = execute or cli_main
@@ -389,26 +401,77 @@ def run_study(
     why_not = cluster_available() if any(g.cluster for g in study.groups) and config.scale != "tiny" else None
     planned = plan(study, config.scale, out, cluster_ok=why_not is None)
     validate(planned)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
+    try:
+        (out / "runs").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create {out / 'runs'}: {exc.strerror}") from None
     outcomes = []
-    for p in planned:
-        if on_run is not None:
-            on_run(p, len(planned))
-        argv = list(p.argv) + (["-q"] if config.quiet and p.argv[0] != "cluster" else [])
-        note = p.note if not why_not else f"local ranks: {why_not}"
-        start = time.perf_counter()
-        code = execute(argv)
-        if code != 0 and p.local_argv is not None:  # the cluster could not run it: local ranks
-            note = f"local ranks: commbench cluster exited with {code}"
-            argv = list(p.local_argv) + (["-q"] if config.quiet else [])
-            code = execute(argv)
-        outcomes.append(
-            Outcome(
-                planned=p, argv=tuple(argv), returncode=code, seconds=time.perf_counter() - start, note=note
+    with _signals_interrupt() as arm:
+        for p in planned:
+            if on_run is not None:
+                on_run(p, len(planned))
+            argv = list(p.argv) + (["-q"] if config.quiet and p.argv[0] != "cluster" else [])
+            note = p.note if not why_not else f"local ranks: {why_not}"
+            start = time.perf_counter()
+            code = arm(execute, argv)
+            if code not in (0, *INTERRUPTED) and p.local_argv is not None:  # the cluster could not run it
+                note = f"local ranks: commbench cluster exited with {code}"
+                argv = list(p.local_argv) + (["-q"] if config.quiet else [])
+                code = arm(execute, argv)
+            outcomes.append(
+                Outcome(
+                    planned=p,
+                    argv=tuple(argv),
+                    returncode=code,
+                    seconds=time.perf_counter() - start,
+                    note=note,
+                )
             )
-        )
-    md, _ = write_study_report(study, config.scale, outcomes, out)
+            if code in INTERRUPTED:
+                return outcomes, None
+        md, _ = write_study_report(study, config.scale, outcomes, out)
     return outcomes, md
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[Callable[[Callable[[list[str]], int], list[str]], int]]:
+    """SIGINT and SIGTERM raise Interrupted while the study runs, whether they land in a run (whose
+    CLI turns that into exit code 130 or 143) or between runs; the old handlers come back after.
+
+    Yields ``arm(execute, argv)``: ``execute(argv)`` with the handlers set again first, since a run's
+    elastic launcher replaces them with its own, which raise SignalException (turned into Interrupted
+    here where it escapes a run)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from commbench.bench.launch import Interrupted
+
+    def on_signal(signum: int, frame: Any) -> None:
+        for s in (signal.SIGINT, signal.SIGTERM):  # one is enough; a second must not cut the cleanup
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    def install() -> None:
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, on_signal)
+
+    def arm(execute: Callable[[list[str]], int], argv: list[str]) -> int:
+        install()
+        try:
+            return execute(argv)
+        except SignalException as exc:
+            raise Interrupted(int(exc.sigval)) from None
+        finally:
+            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # not yet interrupted
+                install()
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+    try:
+        yield arm
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 # ---- the report -----------------------------------------------------------------------------
@@ -845,6 +908,8 @@ def run(args: argparse.Namespace) -> int:
         )
 
     outcomes, md = run_study(config, on_run=announce)
+    if md is None:  # a run was interrupted and said so in one line; its records and earlier runs stay
+        return outcomes[-1].returncode
     failed = [o for o in outcomes if o.returncode != 0]
     print(f"report: {md}  {md.with_suffix('.html')}" + (f"  ({len(failed)} run(s) failed)" if failed else ""))
     return 1 if failed else 0
