@@ -1,15 +1,21 @@
-"""``commbench profile`` on a 2-rank run: one profile per rank, shares that add up."""
+"""``commbench profile`` on a 2-rank run: one profile per rank, shares that add up; stopped by a
+signal it stops every child and keeps the profiles; an output it cannot write is bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from commbench.bench import profile
+from commbench.bench.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,3 +131,63 @@ def test_flamegraph_writer(tmp_path):
 def test_missing_py_spy_is_one_line():
     with pytest.raises(ValueError, match="py-spy not found"):
         profile.check_py_spy(None)
+
+
+@pytest.mark.parametrize(
+    "sig, group", [(signal.SIGTERM, False), (signal.SIGINT, True)], ids=["sigterm", "sigint-to-group"]
+)
+def test_a_stopped_profile_stops_every_child_and_keeps_the_profiles(py_spy, tmp_path, sig, group):
+    """SIGTERM to profile, or Ctrl-C to its process group, while py-spy records a 2-rank sweep."""
+    import psutil
+
+    out, log = tmp_path / "prof", tmp_path / "stderr.txt"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "commbench", "profile", "-o", str(out), "--no-native", "--",
+             "sweep", "--world-size", "2", "-b", "4K", "-e", "4K", "-n", "100000000", "-w", "1", "-q"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+        )  # fmt: skip
+    top = psutil.Process(proc.pid)
+    family: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            family = top.children(recursive=True)
+            if sum("py-spy" in " ".join(_cmdline(p)) for p in family) == 2:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None and len(family) >= 5, "the 2 ranks and their recorders never started"
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 128 + sig
+    finally:
+        _, alive = psutil.wait_procs(family, timeout=1)
+        for p in [*alive, top]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    assert [p.pid for p in alive] == []
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("commbench: interrupted"), lines
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by"] == sig.name and sorted(r["rank"] for r in summary["ranks"]) == [0, 1]
+
+
+def _cmdline(proc) -> list[str]:
+    import psutil
+
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.parametrize("out", ["/proc/commbench-x", "/etc/passwd"])
+def test_unwritable_output_is_one_line_before_the_run(out, capsys, monkeypatch):
+    started, popen = [], subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a) or popen(*a, **k))
+    assert main(["profile", "-o", out, "--", "sweep", "--world-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot write to {out}" in err
+    assert started == []  # neither py-spy's check nor the command ran

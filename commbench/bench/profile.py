@@ -10,15 +10,19 @@ the profile is also written in the format asked for (speedscope JSON or a flame 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import html
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +152,7 @@ def check_py_spy(py_spy: str | None) -> None:
     """Raise ValueError (one line) unless py-spy exists and may attach to a process of ours."""
     if py_spy is None:
         raise ValueError("py-spy not found (pip install py-spy); it is needed to profile the ranks")
-    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
         time.sleep(0.3)
         done = subprocess.run(
@@ -259,18 +263,25 @@ class _Recorder:
     log: Path
 
 
-def profile_command(config: ProfileConfig, py_spy: str) -> tuple[int, list[_Recorder]]:
-    """Run the inner command and record each of its ranks; returns its exit code and the recorders."""
+def profile_command(
+    config: ProfileConfig, py_spy: str, stop: Sequence[int] = ()
+) -> tuple[int, list[_Recorder]]:
+    """Run the inner command and record each of its ranks; returns its exit code and the recorders.
+
+    The inner command and the recorders run in sessions of their own, so a Ctrl-C at the terminal
+    reaches only this process. Once ``stop`` holds a signal (see :func:`_signals_noted`), or if this
+    raises, the inner command gets one SIGTERM (its launcher stops the ranks and keeps their finished
+    records); whatever of its processes outlives the grace is killed, and each recorder is waited for.
+    """
     import psutil
 
     out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    inner = subprocess.Popen([sys.executable, "-m", "commbench", *config.inner])
+    inner = subprocess.Popen([sys.executable, "-m", "commbench", *config.inner], start_new_session=True)
     top = psutil.Process(inner.pid)
     recorders: dict[int, _Recorder] = {}
     spawned: dict[int, set[int]] = {}
     try:
-        while inner.poll() is None:
+        while inner.poll() is None and not stop:
             for pid, rank in _discover(top, inner.pid, spawned).items():
                 if pid not in recorders:
                     recorders[pid] = _start(py_spy, config, out, rank, pid, config.native)
@@ -278,29 +289,88 @@ def profile_command(config: ProfileConfig, py_spy: str) -> tuple[int, list[_Reco
                 if rec.native and rec.proc.poll() not in (None, 0) and psutil.pid_exists(pid):
                     recorders[pid] = _start(py_spy, config, out, rec.rank, pid, False)
             time.sleep(POLL_S)
-    except KeyboardInterrupt:
-        inner.terminate()
-        inner.wait(timeout=STOP_GRACE_S)
-        raise
     finally:
+        if inner.poll() is None:
+            _stop_inner(inner, top)
         deadline = time.monotonic() + STOP_GRACE_S
         for rec in recorders.values():
             try:
                 rec.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 rec.proc.terminate()  # py-spy writes what it has on SIGTERM
-                rec.proc.wait(timeout=5)
+                try:
+                    rec.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    rec.proc.kill()
+                    rec.proc.wait()
         for pid, rank in _spawned_ranks(spawned).items():
             if pid in recorders and recorders[pid].rank != rank:
                 recorders[pid] = _renumbered(recorders[pid], rank)
     return inner.returncode, sorted(recorders.values(), key=lambda r: r.rank)
 
 
+def _stop_inner(inner: subprocess.Popen, top: Any) -> None:
+    """SIGTERM the inner command and wait; kill its processes that outlive the grace or it."""
+    import psutil
+
+    try:
+        family = top.children(recursive=True)
+    except psutil.Error:
+        family = []
+    inner.terminate()
+    try:
+        inner.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        inner.kill()
+        inner.wait()
+    _, alive = psutil.wait_procs(family, timeout=1.0)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5.0)
+
+
+@contextlib.contextmanager
+def _signals_noted() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM are noted in the list this yields instead of raising where they land, so
+    that the run is stopped in order (children first, then what they wrote is kept); main thread only."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    old = {
+        s: signal.signal(s, lambda signum, frame: noted.append(signum))
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield noted
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def output_dir(path: str) -> Path:
+    """``path`` as a directory the profiles can be written into, made if need be (ValueError if not)."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"cannot write to {out}: not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as exc:
+        raise ValueError(f"cannot write to {out}: {exc.strerror}") from None
+    return out
+
+
 def _start(py_spy: str, config: ProfileConfig, out: Path, rank: int, pid: int, native: bool) -> _Recorder:
     raw = out / f"rank{rank}-pid{pid}.txt"
     log = out / f"rank{rank}-pid{pid}.log"
     with open(log, "w") as f:
-        proc = subprocess.Popen(_record_cmd(py_spy, pid, config.rate_hz, native, raw), stdout=f, stderr=f)
+        proc = subprocess.Popen(
+            _record_cmd(py_spy, pid, config.rate_hz, native, raw), stdout=f, stderr=f, start_new_session=True
+        )
     return _Recorder(rank=rank, pid=pid, raw=raw, proc=proc, native=native, log=log)
 
 
@@ -449,12 +519,23 @@ def write_flamegraph(stacks: Sequence[tuple[list[str], int]], path: Path, title:
 # ---- the command ----------------------------------------------------------------------------
 
 
-def run_profile(config: ProfileConfig, py_spy: str | None = None) -> tuple[int, list[RankProfile]]:
-    """Check py-spy, run and record, then summarise and convert each rank's profile."""
+def run_profile(
+    config: ProfileConfig, py_spy: str | None = None
+) -> tuple[int, list[RankProfile], int | None]:
+    """Check the output directory and py-spy, run and record, then summarise and convert each rank's
+    profile; returns the inner command's exit code, the profiles, and the signal (SIGINT or SIGTERM)
+    that stopped the run early, or None."""
+    output_dir(config.out_dir)
     py_spy = py_spy or find_py_spy()
-    check_py_spy(py_spy)
-    assert py_spy is not None
-    code, recorders = profile_command(config, py_spy)
+    with _signals_noted() as stop:
+        check_py_spy(py_spy)
+        assert py_spy is not None
+        if stop:  # before the run began: nothing to keep
+            from commbench.bench.launch import Interrupted
+
+            raise Interrupted(stop[0])
+        code, recorders = profile_command(config, py_spy, stop)
+    stopped = stop[0] if stop else None
     profiles = []
     for rec in recorders:
         stacks = parse_collapsed(rec.raw.read_text().splitlines()) if rec.raw.exists() else []
@@ -473,11 +554,12 @@ def run_profile(config: ProfileConfig, py_spy: str | None = None) -> tuple[int, 
     summary = {
         "command": ["commbench", *config.inner],
         "returncode": code,
+        "stopped_by": signal.Signals(stopped).name if stopped else None,
         "rate_hz": config.rate_hz,
         "ranks": [dataclasses.asdict(p) for p in profiles],
     }
     (Path(config.out_dir) / "summary.json").write_text(json.dumps(summary, indent=1))
-    return code, profiles
+    return code, profiles, stopped
 
 
 def summary_table(profiles: Sequence[RankProfile]) -> str:
@@ -529,7 +611,13 @@ def run(args: argparse.Namespace) -> int:
     config = ProfileConfig(
         inner=tuple(inner), out_dir=args.output, rate_hz=args.rate, format=args.format, native=args.native
     )
-    code, profiles = run_profile(config)
+    code, profiles, stopped = run_profile(config)
+    if stopped is not None:  # one line says so: the inner command's, or the CLI's if it had none to say
+        if code != 128 + signal.SIGTERM:
+            from commbench.bench.launch import Interrupted
+
+            raise Interrupted(stopped)
+        return 128 + stopped
     if not profiles:
         print(f"# profile: no rank process was seen (the command exited with {code})")
         return code or 1
