@@ -1,12 +1,18 @@
 """``commbench bandwidth`` through the CLI's main: a table on CPU with the limit explained,
-JSON Lines out, one-line errors with exit 2 for bad input; on CUDA the five copies."""
+JSON Lines out (each kind as it is measured, so a stopped run keeps the finished ones), one-line
+errors with exit 2 for bad input; on CUDA the five copies."""
 
 from __future__ import annotations
 
+import os
+import signal
+from collections.abc import Callable
+
 import pytest
 
+from commbench.bench import bandwidth
 from commbench.bench.bandwidth import BandwidthRecord, expected_gbps, format_table
-from commbench.bench.cli import main
+from commbench.bench.cli import build_parser, main
 from commbench.bench.records import read_jsonl
 from commbench.kernels.copy import D2H_PAGEABLE, H2D_PINNED, CopyResult
 
@@ -80,3 +86,56 @@ def test_cuda_bandwidth_end_to_end(tmp_path, capsys):
     pinned = next(r for r in records if r["name"] == H2D_PINNED)
     if pinned["limit_gbps"] is not None:  # NVML present: PCIe gen x width
         assert "PCIe gen" in pinned["limit_source"] and pinned["gbps"] <= pinned["limit_gbps"] * 1.05
+
+
+def _kinds_then(stop: Callable[[], None], kinds: int):
+    """A copy_bandwidth that measures ``kinds`` kinds, then calls ``stop`` (a signal, an error)."""
+
+    def measure(size_bytes, device, **kwargs):
+        for i in range(kinds):
+            yield CopyResult(name=f"kind{i}", size_bytes=size_bytes, time_s=1e-3, gbps=1.0, limit_gbps=None)
+        stop()
+
+    return measure
+
+
+def _ctrl_c() -> None:
+    raise KeyboardInterrupt
+
+
+def _sigterm() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("kinds", [0, 1, 2])
+@pytest.mark.parametrize("stop, code", [(_ctrl_c, 130), (_sigterm, 143)], ids=["sigint", "sigterm"])
+def test_a_stopped_run_keeps_the_header_and_the_finished_kinds(
+    tmp_path, capsys, monkeypatch, stop, code, kinds
+):
+    def fail(signum, frame):
+        raise AssertionError("SIGTERM reached the test's own handler")
+
+    monkeypatch.setattr(bandwidth, "copy_bandwidth", _kinds_then(stop, kinds))
+    out = tmp_path / "bw.jsonl"
+    before = signal.signal(signal.SIGTERM, fail)
+    try:
+        assert main(["bandwidth", "--size", "4K", "--json", str(out)]) == code
+        assert signal.getsignal(signal.SIGTERM) is fail  # the old handler is back
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("commbench: interrupted") and str(out) in err
+    header, *records = read_jsonl(out)
+    assert header["type"] == "header" and [r["name"] for r in records] == [f"kind{i}" for i in range(kinds)]
+
+
+def test_an_error_after_the_first_kind_leaves_it_in_the_file(tmp_path, monkeypatch):
+    def broken() -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(bandwidth, "copy_bandwidth", _kinds_then(broken, 1))
+    out = tmp_path / "bw.jsonl"
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        bandwidth.run(build_parser().parse_args(["bandwidth", "--size", "4K", "--json", str(out)]))
+    header, record = read_jsonl(out)
+    assert header["type"] == "header" and record["name"] == "kind0" and record["size_bytes"] == 4096

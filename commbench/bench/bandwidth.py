@@ -4,8 +4,12 @@ has a ceiling it can be read against (on CUDA, the PCIe generation and width NVM
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from commbench.bench.units import format_size, parse_size
@@ -142,6 +146,25 @@ def format_table(records: list[BandwidthRecord]) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises Interrupted (as Ctrl-C raises KeyboardInterrupt), so the CLI ends the run in
+    one line with exit 143; the old handler comes back after (main thread only)."""
+    from commbench.bench.launch import Interrupted
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise Interrupted(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``commbench bandwidth``; bad input raises ValueError, an impossible reading returns 1."""
     import psutil
@@ -173,42 +196,43 @@ def run(args: argparse.Namespace) -> int:
             )
         limit, limit_source = _pcie_limit(index)
         notes += [limit_source, PAGEABLE_NOTE, D2D_NOTE]
-        results = copy_bandwidth(
-            args.size, torch.device("cuda", index), iters=args.iters, warmup=WARMUP, pcie_limit_gbps=limit
-        )
+        device = torch.device("cuda", index)
     else:
         notes.append(CPU_LIMIT_NOTE)
-        results = copy_bandwidth(args.size, "cpu", iters=args.iters, warmup=WARMUP)
-    try:  # a copy faster than its link is a broken measurement: an error, never a record
-        for r in results:
-            check_rate(r.size_bytes, r.time_s, r.limit_gbps, what=r.name)
-    except ImpossibleReading as exc:
-        print(f"commbench: impossible reading: {exc}", file=sys.stderr)
-        return 1
-    records = [
-        BandwidthRecord(
-            device=args.device,
-            name=r.name,
-            size_bytes=r.size_bytes,
-            iters=args.iters,
-            time_s=r.time_s,
-            gbps=r.gbps,
-            expected_gbps=expected_gbps(r),
-            limit_gbps=r.limit_gbps,
-            limit_source=limit_source if r.name in OVER_PCIE else None,
-        )
-        for r in results
-    ]
-    if args.json:
-        from commbench.bench.machine import machine_info
+        device = torch.device("cpu")
+    writer = RecordWriter(args.json, None)  # no file when --json is not given
+    records: list[BandwidthRecord] = []
+    try:
+        with _sigterm_interrupts():
+            if args.json:
+                from commbench.bench.machine import machine_info
 
-        writer = RecordWriter(args.json, None)
-        try:
-            writer.header(machine_info())
-            for rec in records:
-                writer.write(rec)
-        finally:
-            writer.close()
+                writer.header(machine_info())  # first, so a stopped run still has a valid file
+            results = copy_bandwidth(
+                args.size, device, iters=args.iters, warmup=WARMUP, pcie_limit_gbps=limit
+            )
+            for r in results:  # each kind written as it comes: a stopped run keeps the finished ones
+                try:  # a copy faster than its link is a broken measurement: an error, never a record
+                    check_rate(r.size_bytes, r.time_s, r.limit_gbps, what=r.name)
+                except ImpossibleReading as exc:
+                    print(f"commbench: impossible reading: {exc}", file=sys.stderr)
+                    return 1
+                records.append(
+                    BandwidthRecord(
+                        device=args.device,
+                        name=r.name,
+                        size_bytes=r.size_bytes,
+                        iters=args.iters,
+                        time_s=r.time_s,
+                        gbps=r.gbps,
+                        expected_gbps=expected_gbps(r),
+                        limit_gbps=r.limit_gbps,
+                        limit_source=limit_source if r.name in OVER_PCIE else None,
+                    )
+                )
+                writer.write(records[-1])
+    finally:
+        writer.close()
     print(format_table(records))
     for note in notes:
         print(f"  {note}")
