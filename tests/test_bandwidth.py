@@ -89,7 +89,7 @@ def test_cuda_bandwidth_end_to_end(tmp_path, capsys):
 
 
 def _kinds_then(stop: Callable[[], None], kinds: int):
-    """A copy_bandwidth that measures ``kinds`` kinds, then calls ``stop`` (a signal, an error)."""
+    """An each_copy that measures ``kinds`` kinds, then calls ``stop`` (a signal, an error)."""
 
     def measure(size_bytes, device, **kwargs):
         for i in range(kinds):
@@ -115,7 +115,7 @@ def test_a_stopped_run_keeps_the_header_and_the_finished_kinds(
     def fail(signum, frame):
         raise AssertionError("SIGTERM reached the test's own handler")
 
-    monkeypatch.setattr(bandwidth, "copy_bandwidth", _kinds_then(stop, kinds))
+    monkeypatch.setattr(bandwidth, "each_copy", _kinds_then(stop, kinds))
     out = tmp_path / "bw.jsonl"
     before = signal.signal(signal.SIGTERM, fail)
     try:
@@ -133,7 +133,7 @@ def test_an_error_after_the_first_kind_leaves_it_in_the_file(tmp_path, monkeypat
     def broken() -> None:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(bandwidth, "copy_bandwidth", _kinds_then(broken, 1))
+    monkeypatch.setattr(bandwidth, "each_copy", _kinds_then(broken, 1))
     out = tmp_path / "bw.jsonl"
     with pytest.raises(RuntimeError, match="illegal memory access"):
         bandwidth.run(build_parser().parse_args(["bandwidth", "--size", "4K", "--json", str(out)]))

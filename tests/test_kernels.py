@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 import torch
@@ -22,6 +23,12 @@ def test_host_copy_reports_consistent_units():
 def test_copy_bandwidth_on_cpu_is_one_host_copy():
     (r,) = copies.copy_bandwidth(4096, "cpu", iters=2, warmup=0)
     assert r.name == copies.HOST_TO_HOST
+
+
+def test_cuda_copies_come_one_at_a_time():
+    """``commbench bandwidth`` writes each kind as it comes: the CUDA kinds must not arrive as one batch."""
+    assert inspect.isgeneratorfunction(copies.iter_cuda_copies)
+    assert [r.name for r in copies.each_copy(4096, "cpu", iters=2, warmup=0)] == [copies.HOST_TO_HOST]
 
 
 @pytest.mark.parametrize(

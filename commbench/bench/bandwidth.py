@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from commbench.bench.units import format_size, parse_size
-from commbench.kernels.copy import D2H_PINNED, H2D_PINNED, OVER_PCIE, CopyResult, copy_bandwidth
+from commbench.kernels.copy import D2H_PINNED, H2D_PINNED, OVER_PCIE, CopyResult, each_copy
 from commbench.probes.links import ImpossibleReading, check_rate, pcie_max_gbps
 
 # A PCIe TLP with 128-256 bytes of payload carries about 24 bytes of header, sequence number, CRC
@@ -208,9 +208,7 @@ def run(args: argparse.Namespace) -> int:
                 from commbench.bench.machine import machine_info
 
                 writer.header(machine_info())  # first, so a stopped run still has a valid file
-            results = copy_bandwidth(
-                args.size, device, iters=args.iters, warmup=WARMUP, pcie_limit_gbps=limit
-            )
+            results = each_copy(args.size, device, iters=args.iters, warmup=WARMUP, pcie_limit_gbps=limit)
             for r in results:  # each kind written as it comes: a stopped run keeps the finished ones
                 try:  # a copy faster than its link is a broken measurement: an error, never a record
                     check_rate(r.size_bytes, r.time_s, r.limit_gbps, what=r.name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -86,6 +86,22 @@ def cuda_copies(
     device: torch.device | str | int | None = None,
     pcie_limit_gbps: float | None = None,
 ) -> tuple[CopyResult, ...]:
+    """The five copies of :func:`iter_cuda_copies`, all measured."""
+    return tuple(
+        iter_cuda_copies(
+            size_bytes, iters=iters, warmup=warmup, device=device, pcie_limit_gbps=pcie_limit_gbps
+        )
+    )
+
+
+def iter_cuda_copies(
+    size_bytes: int,
+    *,
+    iters: int = 10,
+    warmup: int = 2,
+    device: torch.device | str | int | None = None,
+    pcie_limit_gbps: float | None = None,
+) -> Iterator[CopyResult]:
     """Host->device and device->host from pinned and pageable memory, and device->device.
 
     Args:
@@ -96,7 +112,6 @@ def cuda_copies(
     if not torch.cuda.is_available():
         raise ValueError("CUDA copies asked for, but CUDA is not available here")
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    results = []
     with torch.cuda.device(dev):
         gpu = torch.ones(size_bytes, dtype=torch.uint8, device=dev)
         gpu2 = torch.empty_like(gpu)
@@ -111,8 +126,7 @@ def cuda_copies(
         ]
         for name, copy in cases:
             limit = pcie_limit_gbps if name in OVER_PCIE else None
-            results.append(_result(name, size_bytes, _cuda_time(copy, iters, warmup), limit))
-    return tuple(results)
+            yield _result(name, size_bytes, _cuda_time(copy, iters, warmup), limit)
 
 
 def copy_bandwidth(
@@ -124,11 +138,24 @@ def copy_bandwidth(
     pcie_limit_gbps: float | None = None,
 ) -> tuple[CopyResult, ...]:
     """Every copy kind that applies to ``device``: host->host on CPU, the five CUDA copies on CUDA."""
+    return tuple(each_copy(size_bytes, device, iters=iters, warmup=warmup, pcie_limit_gbps=pcie_limit_gbps))
+
+
+def each_copy(
+    size_bytes: int,
+    device: str | torch.device = "cpu",
+    *,
+    iters: int = 10,
+    warmup: int = 2,
+    pcie_limit_gbps: float | None = None,
+) -> Iterator[CopyResult]:
+    """The kinds of :func:`copy_bandwidth`, each as soon as it is measured (a caller that writes
+    them as they come keeps the finished ones when the run is stopped)."""
     dev = torch.device(device)
     if dev.type == "cpu":
-        return (host_copy(size_bytes, iters=iters, warmup=warmup),)
+        return iter([host_copy(size_bytes, iters=iters, warmup=warmup)])
     if dev.type == "cuda":
-        return cuda_copies(
+        return iter_cuda_copies(
             size_bytes,
             iters=iters,
             warmup=warmup,
