@@ -44,12 +44,15 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["sweep", "-r", "2", "--world-size", "2"], "root 2"),
         (["sweep", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),
         (["sweep", "--plot", "/nonexistent-dir/x.png"], "cannot write"),
-        (["sweep", "--plot", "busbw.txt"], "must end in .png, .pdf, .svg (got .txt)"),
+        (["sweep", "--plot", "busbw.txt"], "must end in one of .avif, .eps"),
         (
             ["sweep", "-b", "1", "-e", "3"],
-            "hold no whole float32 element for all_reduce on 2 ranks: give -e 4",
+            "hold no whole float32 element for all_reduce on 2 ranks: the smallest size that does is 4 bytes",
         ),
-        (["sweep", "--collective", "all_gather", "-b", "4", "-e", "7"], "give -e 8"),
+        (
+            ["sweep", "--collective", "all_gather", "-b", "4", "-e", "7"],
+            "the smallest size that does is 8 bytes",
+        ),
         (["sweep", "--timeout", "0.001"], "seconds >= 1"),
         (["sweep", "--backend", "nccl"], "needs --device cuda"),
         (["sweep", "--timeout", "inf"], "finite"),
@@ -312,11 +315,14 @@ def test_one_rank_sweep_has_no_ratio_to_a_busbw_of_zero(tmp_path):
             assert r["busbw_gbps"] == 0 and r["busbw_ratio_to_builtin"] is None and r["wrong"] == 0, r
 
 
-def test_ctrl_c_while_torch_loads_is_one_line_and_exit_130():
-    """The signal waits for the import (a KeyboardInterrupt inside it can abort in C++)."""
+@pytest.mark.parametrize("ignored", [False, True], ids=["ctrl-c", "ctrl-c-ignored-by-the-caller"])
+def test_ctrl_c_while_torch_loads_is_one_line_and_exit_130(ignored):
+    """The signal waits for the import (a KeyboardInterrupt inside it can abort in C++); a caller
+    that started us with Ctrl-C ignored (``cmd &`` in a script) keeps it ignored."""
     code = (
-        "import sys; from commbench.bench import cli; print('ready', flush=True); "
-        "sys.exit(cli.main(['summary', 'x']))"
+        "import signal, sys; from commbench.bench import cli; "
+        + ("signal.signal(signal.SIGINT, signal.SIG_IGN); " if ignored else "")
+        + "print('ready', flush=True); sys.exit(cli.main(['summary', '/nonexistent.jsonl']))"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -326,4 +332,64 @@ def test_ctrl_c_while_torch_loads_is_one_line_and_exit_130():
     time.sleep(0.2)  # importing torch takes seconds; the signal lands in it
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert (proc.returncode, err) == (130, "commbench: interrupted\n")
+    if ignored:
+        assert (proc.returncode, err) == (
+            2,
+            "commbench: error: cannot read /nonexistent.jsonl: No such file or directory\n",
+        )
+    else:
+        assert (proc.returncode, err) == (130, "commbench: interrupted\n")
+
+
+def test_ctrl_c_while_the_ranks_start_ends_them_at_once(tmp_path):
+    """Ranks still importing torch leave quietly at Ctrl-C, and at once: the launcher does not wait
+    out its grace period for them."""
+    argv = ["sweep", "-b", "4K", "-e", "4K", "-n", "100000000", "-w", "1", "-q", "--no-probe"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commbench", *argv, "--json", str(tmp_path / "r.jsonl")],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    top = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 120
+    ranks: list[psutil.Process] = []
+    while len(ranks) < 2 and time.monotonic() < deadline:
+        ranks = [p for p in top.children(recursive=True) if "spawn_main" in " ".join(_cmdline(p))]
+        time.sleep(0.02)
+    time.sleep(0.5)  # past the interpreter's own start, inside torch's import
+    start = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C at the terminal
+    _, err = proc.communicate(timeout=120)
+    took = time.monotonic() - start
+    assert proc.returncode == 130 and err.count("\n") == 1 and err.startswith("commbench: interrupted"), err
+    assert took < 20, took  # the launcher's grace period for ranks that do not stop is 30 s
+    _, alive = psutil.wait_procs(ranks, timeout=30)
+    assert alive == []
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def test_output_checks_leave_no_files(tmp_path):
+    from commbench.bench.records import check_plot_path, check_writable
+
+    check_writable(tmp_path / "r.jsonl")
+    check_plot_path(tmp_path / "busbw.png")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_interrupted_message_counts_points_past_a_line_cut_short(tmp_path):
+    from commbench.bench.cli import _kept
+
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"type": "header"}\n')
+    assert _kept(str(path)).startswith("; nothing had finished")
+    path.write_text('{"type": "header"}\n{"type": "sweep"}\n{"type": "swe')
+    assert _kept(str(path)) == f"; finished points are in {path}"

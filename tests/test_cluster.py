@@ -141,7 +141,7 @@ def test_privilege_failure_is_exit_2_with_one_line(monkeypatch, capsys):
         (["--hosts", "2", "--jitter", "5us", "--", "sweep"], "jitter needs a delay"),
         (["--hosts", "2", "--", "sweep", "-b", "nope"], "not a size"),
         (["--hosts", "2", "--", "sweep", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),
-        (["--hosts", "2", "--", "train", "--plot", "steps.txt"], "must end in .png"),
+        (["--hosts", "2", "--", "train", "--plot", "steps.txt"], "must end in one of"),
     ],
 )
 def test_bad_input_is_exit_2_with_one_line(argv, message, capsys, monkeypatch):

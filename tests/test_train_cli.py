@@ -50,7 +50,7 @@ SUMMARY_KEYS = (
         (["compare", "--world-size", "0"], "world size"),
         (["train", "--seed", "-1"], "seed must be an integer in [0, 2**32)"),
         (["train", "--seed", str(1 << 70)], "seed must be an integer in [0, 2**32)"),
-        (["compare", "--plot", "steps.txt"], "must end in .png"),
+        (["compare", "--plot", "steps.txt"], "must end in one of"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv: list[str], needle: str) -> None:

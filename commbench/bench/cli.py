@@ -255,7 +255,7 @@ def _check_some_size_fits(config: Any, world: int) -> None:
         least = itemsize * world if spec.count(itemsize, itemsize, world) == 0 else itemsize
         raise ValueError(
             f"sizes {config.min_bytes} to {config.max_bytes} bytes hold no whole {config.dtype} element "
-            f"for {config.collective} on {world} ranks: give -e {least} or more"
+            f"for {config.collective} on {world} ranks: the smallest size that does is {least} bytes"
         )
 
 
@@ -334,22 +334,28 @@ def cmd_summary(files: list[str], across: bool = False) -> int:
     return 0
 
 
-def _leave_ctrl_c_to_the_launcher() -> None:
-    """In a rank the launcher is still spawning, ignore Ctrl-C until the rank installs its own
-    handlers (launch._rank_main).
+def _quiet_ctrl_c_while_spawning() -> None:
+    """In a rank the launcher is still spawning, Ctrl-C ends it at once and without a traceback,
+    until the rank installs its own handlers (launch._rank_main).
 
-    Ctrl-C reaches every process of the terminal's group. A rank still importing torch would
-    print a KeyboardInterrupt traceback; the launcher, which gets the same signal, stops it
-    anyway. multiprocessing marks a process as inheriting while it prepares a spawned child,
-    which is when this module is imported there (through the main module).
+    Ctrl-C reaches every process of the terminal's group, and the launcher passes it on to the
+    ranks as well; a rank still importing torch would print a KeyboardInterrupt traceback. A rank
+    that ignored the signal instead would make the launcher wait its whole grace period.
+    multiprocessing marks a process as inheriting while it prepares a spawned child, which is when
+    this module is imported there (through the main module). An inherited "ignore" stays.
     """
     import multiprocessing
 
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    inheriting = getattr(multiprocessing.current_process(), "_inheriting", False)
+    if inheriting and signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _quit)
 
 
-_leave_ctrl_c_to_the_launcher()
+def _quit(signum: int, frame: Any) -> None:
+    os._exit(128 + signum)  # nothing of the rank has started yet: nothing to flush or release
+
+
+_quiet_ctrl_c_while_spawning()
 
 
 class _SignalWhileLoading(Exception):
@@ -369,10 +375,10 @@ def _import_launch() -> Any:
 
         return launch
     held: list[int] = []
+    watched = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) != signal.SIG_IGN]
     saved = {
-        s: signal.signal(s, lambda signum, frame: held.append(signum))
-        for s in (signal.SIGINT, signal.SIGTERM)
-    }
+        s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in watched
+    }  # "ignore" stays
     try:
         from commbench.bench import launch
     finally:
@@ -391,9 +397,14 @@ def _kept(path: str | None) -> str:
 
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
-        points = sum(json.loads(x).get("type") not in ("header", "probe") for x in lines if x.strip())
-    except (OSError, ValueError, AttributeError):
-        points = 0
+    except OSError:
+        lines = []
+    points = 0
+    for line in lines:  # a line cut short by the stop does not hide the ones before it
+        try:
+            points += json.loads(line).get("type") not in ("header", "probe")
+        except (ValueError, AttributeError):
+            pass
     if points:
         return f"; finished points are in {path}"
     return f"; nothing had finished, {path} holds no points"

@@ -58,23 +58,26 @@ def check_writable(path: str | Path) -> None:
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise ValueError(f"cannot write {p}: directory {parent} does not exist")
+    existed = p.exists()
     try:
         with open(p, "a"):
             pass
     except OSError as exc:
         raise ValueError(f"cannot write {p}: {exc.strerror}") from None
-
-
-PLOT_SUFFIXES = (".png", ".pdf", ".svg")  # what matplotlib writes without extra packages
+    if not existed:  # a check leaves nothing behind: a run refused later must not leave empty files
+        p.unlink()
 
 
 def check_plot_path(path: str | Path) -> None:
     """Raise ValueError unless ``path`` is a writable file name matplotlib can save a plot as."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in PLOT_SUFFIXES:
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in formats:
         raise ValueError(
-            f"cannot plot to {path}: the name must end in {', '.join(PLOT_SUFFIXES)}"
-            f" (got {suffix or 'no suffix'})"
+            f"cannot plot to {path}: the name must end in one of .{', .'.join(formats)}"
+            f" (got {'.' + suffix if suffix else 'no suffix'})"
         )
     check_writable(path)
 
