@@ -133,6 +133,14 @@ def test_missing_py_spy_is_one_line():
         profile.check_py_spy(None)
 
 
+def test_a_run_that_cannot_profile_leaves_no_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(profile, "find_py_spy", lambda: None)
+    out = tmp_path / "profiles"
+    assert main(["profile", "-o", str(out), "--", "sweep", "--world-size", "2"]) == 2
+    assert "py-spy not found" in capsys.readouterr().err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     "sig, group", [(signal.SIGTERM, False), (signal.SIGINT, True)], ids=["sigterm", "sigint-to-group"]
 )

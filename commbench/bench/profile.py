@@ -332,18 +332,21 @@ def _stop_inner(inner: subprocess.Popen, top: Any) -> None:
     psutil.wait_procs(alive, timeout=5.0)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def _signals_noted() -> Iterator[list[int]]:
-    """SIGINT and SIGTERM are noted in the list this yields instead of raising where they land, so
+    """SIGINT, SIGTERM and SIGHUP are noted in the list this yields instead of raising where they land, so
     that the run is stopped in order (children first, then what they wrote is kept); main thread only."""
     noted: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield noted
         return
-    old = {
-        s: signal.signal(s, lambda signum, frame: noted.append(signum))
-        for s in (signal.SIGINT, signal.SIGTERM)
-    }
+    # SIGHUP too: the inner command runs in a session of its own, so a closed terminal reaches
+    # only this process, which must stop it. An inherited "ignore" stays.
+    watched = [s for s in STOP_SIGNALS if signal.getsignal(s) != signal.SIG_IGN]
+    old = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in watched}
     try:
         yield noted
     finally:
@@ -525,10 +528,17 @@ def run_profile(
     """Check the output directory and py-spy, run and record, then summarise and convert each rank's
     profile; returns the inner command's exit code, the profiles, and the signal (SIGINT or SIGTERM)
     that stopped the run early, or None."""
+    made = not Path(config.out_dir).exists()
     output_dir(config.out_dir)
     py_spy = py_spy or find_py_spy()
     with _signals_noted() as stop:
-        check_py_spy(py_spy)
+        try:
+            check_py_spy(py_spy)
+        except ValueError:
+            if made:  # a run that cannot profile leaves no empty directory behind
+                with contextlib.suppress(OSError):
+                    Path(config.out_dir).rmdir()
+            raise
         assert py_spy is not None
         if stop:  # before the run began: nothing to keep
             from commbench.bench.launch import Interrupted

@@ -445,14 +445,20 @@ def _signals_interrupt() -> Iterator[Callable[[Callable[[list[str]], int], list[
 
     from commbench.bench.launch import Interrupted
 
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+    watched = [s for s, h in old.items() if h != signal.SIG_IGN]  # an inherited "ignore" stays
+    stopped: list[int] = []
+
     def on_signal(signum: int, frame: Any) -> None:
-        for s in (signal.SIGINT, signal.SIGTERM):  # one is enough; a second must not cut the cleanup
+        stopped.append(signum)
+        for s in watched:  # one is enough; a second must not cut the cleanup
             signal.signal(s, signal.SIG_IGN)
         raise Interrupted(signum)
 
     def install() -> None:
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
+        if not stopped:
+            for s in watched:
                 signal.signal(s, on_signal)
 
     def arm(execute: Callable[[list[str]], int], argv: list[str]) -> int:
@@ -462,11 +468,8 @@ def _signals_interrupt() -> Iterator[Callable[[Callable[[list[str]], int], list[
         except SignalException as exc:
             raise Interrupted(int(exc.sigval)) from None
         finally:
-            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # not yet interrupted
-                install()
+            install()
 
-    main_thread = threading.current_thread() is threading.main_thread()
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
     try:
         yield arm
     finally:
