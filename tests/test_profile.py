@@ -142,10 +142,13 @@ def test_a_run_that_cannot_profile_leaves_no_directory(tmp_path, monkeypatch, ca
 
 
 @pytest.mark.parametrize(
-    "sig, group", [(signal.SIGTERM, False), (signal.SIGINT, True)], ids=["sigterm", "sigint-to-group"]
+    "sig, group",
+    [(signal.SIGTERM, False), (signal.SIGINT, True), (signal.SIGHUP, True)],
+    ids=["sigterm", "sigint-to-group", "sighup-to-group"],  # SIGHUP: the terminal closed
 )
 def test_a_stopped_profile_stops_every_child_and_keeps_the_profiles(py_spy, tmp_path, sig, group):
-    """SIGTERM to profile, or Ctrl-C to its process group, while py-spy records a 2-rank sweep."""
+    """SIGTERM to profile, or Ctrl-C or a closed terminal to its process group, while py-spy
+    records a 2-rank sweep."""
     import psutil
 
     out, log = tmp_path / "prof", tmp_path / "stderr.txt"
