@@ -342,17 +342,14 @@ def _quiet_ctrl_c_while_spawning() -> None:
     ranks as well; a rank still importing torch would print a KeyboardInterrupt traceback. A rank
     that ignored the signal instead would make the launcher wait its whole grace period.
     multiprocessing marks a process as inheriting while it prepares a spawned child, which is when
-    this module is imported there (through the main module). An inherited "ignore" stays.
+    this module is imported there (through the main module). The default action ends the process
+    even inside a long C call, which a Python handler would wait for. An inherited "ignore" stays.
     """
     import multiprocessing
 
     inheriting = getattr(multiprocessing.current_process(), "_inheriting", False)
     if inheriting and signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
-        signal.signal(signal.SIGINT, _quit)
-
-
-def _quit(signum: int, frame: Any) -> None:
-    os._exit(128 + signum)  # nothing of the rank has started yet: nothing to flush or release
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 _quiet_ctrl_c_while_spawning()

@@ -101,9 +101,10 @@ def external_world_size() -> int:
 def _rank_main(fn: Callable[..., Any], args: tuple, spec: LaunchSpec, error_dir: str | None) -> Any:
     """Body of every rank: join the group, run ``fn``, leave; record a one-line error on failure."""
     if error_dir is not None:
-        # Ctrl-C reaches every rank: leave quietly (finally-blocks still flush finished records).
+        # Until the group is joined there is nothing to flush: a signal ends the rank at once, even
+        # inside the rendezvous' C++ waits, which a Python handler would sit out.
         for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, _exit_on_signal)
+            signal.signal(signum, signal.SIG_DFL)
     try:
         if "OMP_NUM_THREADS" not in os.environ:  # as torchrun: ranks share the cores, no oversubscription
             local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -119,6 +120,10 @@ def _rank_main(fn: Callable[..., Any], args: tuple, spec: LaunchSpec, error_dir:
         if spec.resolved_backend == "nccl":
             kwargs["device_id"] = device
         dist.init_process_group(spec.resolved_backend, timeout=timedelta(seconds=spec.timeout_s), **kwargs)
+        if error_dir is not None:
+            # Ctrl-C reaches every rank: leave quietly (finally-blocks still flush finished records).
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, _exit_on_signal)
         try:
             p2p.enable_duplex(None)  # here, so that no timed or counted interval pays for its set-up
             return fn(*args)
