@@ -141,7 +141,10 @@ def test_study_command_returns_the_interrupted_code(tmp_path, monkeypatch, capsy
     assert "report:" not in capsys.readouterr().out
 
 
-def test_a_signal_between_runs_stops_the_study(tmp_path):
+@pytest.mark.parametrize("where", ["in a run", "between runs"])
+def test_a_signal_between_runs_stops_the_study(tmp_path, where):
+    """A signal that no run's CLI turns into an exit code: inside a run that lets it through, or
+    after one run ended and before the next began (``on_run`` is called there)."""
     from commbench.bench.launch import Interrupted
 
     def fail(signum, frame):
@@ -149,15 +152,20 @@ def test_a_signal_between_runs_stops_the_study(tmp_path):
 
     def execute(argv: list[str]) -> int:
         started.append(argv)
-        os.kill(os.getpid(), signal.SIGTERM)  # lands in the study's code, not in a run's CLI
+        if where == "in a run":
+            os.kill(os.getpid(), signal.SIGTERM)  # lands in the study's code, not in a run's CLI
         return 0
+
+    def on_run(planned, total) -> None:
+        if where == "between runs" and started:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     started: list[list[str]] = []
     before = signal.signal(signal.SIGTERM, fail)
     try:
         config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"))
         with pytest.raises(Interrupted) as info:
-            study.run_study(config, execute=execute)
+            study.run_study(config, execute=execute, on_run=on_run)
         assert info.value.signum == signal.SIGTERM and len(started) == 1
         assert signal.getsignal(signal.SIGTERM) is fail  # the old handler is back
     finally:
