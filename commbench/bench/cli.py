@@ -7,7 +7,6 @@ import argparse
 import os
 import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -367,10 +366,13 @@ def _import_launch() -> Any:
     A KeyboardInterrupt raised inside torch's import can end in a C++ abort; held back, the
     signal is reported once the import is done (:class:`_SignalWhileLoading`).
     """
-    if threading.current_thread() is not threading.main_thread():  # signals go to the main thread
-        from commbench.bench import launch
+    from commbench.bench import signals
 
-        return launch
+    with signals.noted((signal.SIGINT, signal.SIGTERM)) as held:
+        from commbench.bench import launch
+    if held:
+        raise _SignalWhileLoading(held[0])
+    return launch
     held: list[int] = []
     watched = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) != signal.SIG_IGN]
     saved = {

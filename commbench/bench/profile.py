@@ -20,11 +20,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from commbench.bench import signals
 
 FORMATS = ("speedscope", "flamegraph")
 CATEGORIES = ("communication", "compute", "elsewhere")
@@ -269,7 +270,7 @@ def profile_command(
     """Run the inner command and record each of its ranks; returns its exit code and the recorders.
 
     The inner command and the recorders run in sessions of their own, so a Ctrl-C at the terminal
-    reaches only this process. Once ``stop`` holds a signal (see :func:`_signals_noted`), or if this
+    reaches only this process. Once ``stop`` holds a signal (see :func:`signals.noted`), or if this
     raises, the inner command gets one SIGTERM (its launcher stops the ranks and keeps their finished
     records); whatever of its processes outlives the grace is killed, and each recorder is waited for.
     """
@@ -333,25 +334,6 @@ def _stop_inner(inner: subprocess.Popen, top: Any) -> None:
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-@contextlib.contextmanager
-def _signals_noted() -> Iterator[list[int]]:
-    """SIGINT, SIGTERM and SIGHUP are noted in the list this yields instead of raising where they land, so
-    that the run is stopped in order (children first, then what they wrote is kept); main thread only."""
-    noted: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield noted
-        return
-    # SIGHUP too: the inner command runs in a session of its own, so a closed terminal reaches
-    # only this process, which must stop it. An inherited "ignore" stays.
-    watched = [s for s in STOP_SIGNALS if signal.getsignal(s) != signal.SIG_IGN]
-    old = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in watched}
-    try:
-        yield noted
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def output_dir(path: str) -> Path:
@@ -531,7 +513,9 @@ def run_profile(
     made = not Path(config.out_dir).exists()
     output_dir(config.out_dir)
     py_spy = py_spy or find_py_spy()
-    with _signals_noted() as stop:
+    # SIGHUP too: the inner command runs in a session of its own, so a closed terminal reaches only
+    # this process, which must stop it. Noted, not raised: children first, then what they wrote is kept.
+    with signals.noted(STOP_SIGNALS) as stop:
         try:
             check_py_spy(py_spy)
         except ValueError:
