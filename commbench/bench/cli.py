@@ -373,19 +373,6 @@ def _import_launch() -> Any:
     if held:
         raise _SignalWhileLoading(held[0])
     return launch
-    held: list[int] = []
-    watched = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) != signal.SIG_IGN]
-    saved = {
-        s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in watched
-    }  # "ignore" stays
-    try:
-        from commbench.bench import launch
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
-    if held:
-        raise _SignalWhileLoading(held[0])
-    return launch
 
 
 def _kept(path: str | None) -> str:
