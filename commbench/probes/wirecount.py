@@ -149,8 +149,10 @@ class WireCounter:
             sent, recv: the cost model's bytes per rank for one call.
             size_bytes: the message size; below 1 MiB the check is reported, not judged.
         """
-        dist.barrier()
+        # Read, then meet: no rank starts sending before every rank has its first reading (read
+        # after the barrier, a peer's first message could pass before this rank's reading).
         nic0, cpu0 = self.read()
+        dist.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):
             run()
@@ -251,8 +253,8 @@ class StepWindows:
 
     def around(self, key: str, run: Callable[[], None]) -> None:
         """Run ``run`` and add what the interface counted meanwhile to ``key``'s total."""
+        nic0, cpu0 = self.counter.read()  # before the barrier, as in WireCounter.count
         dist.barrier()
-        nic0, cpu0 = self.counter.read()
         t0 = time.perf_counter()
         run()
         dist.barrier()
