@@ -341,11 +341,9 @@ def test_ctrl_c_while_torch_loads_is_one_line_and_exit_130(ignored):
         assert (proc.returncode, err) == (130, "commbench: interrupted\n")
 
 
-def test_ctrl_c_while_the_ranks_start_ends_them_at_once(tmp_path):
-    """Ranks still importing torch leave quietly at Ctrl-C, and at once: the launcher does not wait
-    out its grace period for them."""
+def _endless_sweep(tmp_path: Path) -> subprocess.Popen:
     argv = ["sweep", "-b", "4K", "-e", "4K", "-n", "100000000", "-w", "1", "-q", "--no-probe"]
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "commbench", *argv, "--json", str(tmp_path / "r.jsonl")],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -353,13 +351,81 @@ def test_ctrl_c_while_the_ranks_start_ends_them_at_once(tmp_path):
         text=True,
         start_new_session=True,
     )
-    top = psutil.Process(proc.pid)
-    deadline = time.monotonic() + 120
-    ranks: list[psutil.Process] = []
-    while len(ranks) < 2 and time.monotonic() < deadline:
-        ranks = [p for p in top.children(recursive=True) if "spawn_main" in " ".join(_cmdline(p))]
+
+
+def _wait_for(find, count: int, timeout: float = 120) -> list[psutil.Process]:
+    """Poll ``find()`` until it returns ``count`` processes."""
+    deadline = time.monotonic() + timeout
+    found = find()
+    while len(found) < count and time.monotonic() < deadline:
         time.sleep(0.02)
-    time.sleep(0.5)  # past the interpreter's own start, inside torch's import
+        found = find()
+    assert len(found) == count, found
+    return found
+
+
+def _fork_servers(top: psutil.Process) -> list[psutil.Process]:
+    return [p for p in top.children() if "multiprocessing.forkserver" in " ".join(_cmdline(p))]
+
+
+def _ranks(top: psutil.Process) -> list[psutil.Process]:
+    """The launcher's local ranks: its fork server's children."""
+    return [rank for server in _fork_servers(top) for rank in _children(server)]
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children()
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.parametrize(
+    "argv,env,starts",
+    [
+        (["sweep", "-b", "1M"], {}, True),
+        (["compare", "--world-size", "2"], {}, True),
+        (["study", "000_backbones"], {}, True),
+        (["summary", "r.jsonl"], {}, False),
+        (["sweep", "--help"], {}, False),
+        (["-h"], {}, False),
+        (["profile", "--", "sweep"], {}, False),  # its inner commbench starts its own
+        (["sweep"], {"RANK": "0", "WORLD_SIZE": "2"}, False),  # under torchrun: no local ranks
+    ],
+)
+def test_the_rank_server_starts_early_only_for_commands_that_start_ranks(monkeypatch, argv, env, starts):
+    from commbench.bench import cli, starter
+
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    calls = []
+    monkeypatch.setattr(starter, "start", lambda: calls.append(1))
+    cli._start_rank_server(argv)
+    assert calls == ([1] if starts else [])
+
+
+def test_ctrl_c_while_the_rank_server_loads_torch_is_one_line(tmp_path):
+    """The fork server that starts the ranks imports torch beside the CLI; a Ctrl-C then ends
+    both, with the CLI's one line and no traceback from the server."""
+    proc = _endless_sweep(tmp_path)
+    top = psutil.Process(proc.pid)
+    (server,) = _wait_for(lambda: _fork_servers(top), 1)
+    time.sleep(0.3)  # past the server's interpreter start, inside its import of torch
+    assert _children(server) == []  # no rank started yet: the signal lands in the server's import
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.count("\n") == 1 and err.startswith("commbench: interrupted"), err
+    assert psutil.wait_procs([server], timeout=30)[1] == []
+
+
+def test_ctrl_c_while_the_ranks_start_ends_them_at_once(tmp_path):
+    """Ranks still starting (joining the group) leave quietly at Ctrl-C, and at once: the
+    launcher does not wait out its grace period for them."""
+    proc = _endless_sweep(tmp_path)
+    top = psutil.Process(proc.pid)
+    ranks = _wait_for(lambda: _ranks(top), 2)
     start = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C at the terminal
     _, err = proc.communicate(timeout=120)

@@ -32,6 +32,28 @@ def test_returns_every_local_rank_result():
     assert run(_world, (), LaunchSpec(world_size=3)) == {0: (0, 3), 1: (1, 3), 2: (2, 3)}
 
 
+def _seen() -> tuple[str | None, str | None, str, str, int]:
+    env = os.environ
+    return env.get("CB_ADDED"), env.get("CB_REMOVED"), env["RANK"], env["MASTER_PORT"], os.getppid()
+
+
+def test_ranks_see_the_launchers_environment_at_launch_and_come_from_one_server(monkeypatch):
+    """Ranks are forked from a fork server that outlives one launch; they still see the launcher's
+    environment as it is when they are launched, with the launcher's own variables on top."""
+    monkeypatch.setenv("CB_REMOVED", "before")
+    first = run(_seen, (), LaunchSpec(world_size=2))
+    assert [v[:3] for _, v in sorted(first.items())] == [(None, "before", "0"), (None, "before", "1")]
+    monkeypatch.setenv("CB_ADDED", "now")
+    monkeypatch.delenv("CB_REMOVED")
+    monkeypatch.setenv("RANK", "99")  # no effect on the ranks' own RANK: the launcher sets it (but
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # without WORLD_SIZE this is no torchrun rank)
+    second = run(_seen, (), LaunchSpec(world_size=2))
+    assert [v[:3] for _, v in sorted(second.items())] == [("now", None, "0"), ("now", None, "1")]
+    assert len({v[3] for v in second.values()}) == 1  # the agent's MASTER_PORT, one per launch
+    parents = {v[4] for v in [*first.values(), *second.values()]}
+    assert len(parents) == 1 and os.getpid() not in parents  # one fork server, not this process
+
+
 @pytest.mark.parametrize(
     "fn,message",
     [(_rank_one_dies, "exited with code 3"), (_rank_one_raises, "ValueError: bad value on purpose")],

@@ -50,19 +50,23 @@ def test_classify_frames():
     assert stacks == [(["a (x.py:1)", "b (y.py:2)"], 7), (["c (z.py:3)"], 2)]
 
 
-class _Proc:
-    """Enough of psutil.Process for rank discovery: a launcher's spawned child of ``top``."""
+SPAWNED = ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"]
+FORK_SERVER = ["python", "-c", "from multiprocessing.forkserver import main; main(3, 5, ['torch'])"]
 
-    def __init__(self, pid: int, ppid: int, env: dict[str, str] | None = None) -> None:
-        self.pid, self._ppid, self._env = pid, ppid, env or {}
+
+class _Proc:
+    """Enough of psutil.Process for rank discovery: by default, a launcher's spawned child."""
+
+    def __init__(
+        self, pid: int, ppid: int, env: dict[str, str] | None = None, cmd: list[str] = SPAWNED
+    ) -> None:
+        self.pid, self._ppid, self._env, self._cmd = pid, ppid, env or {}, cmd
 
     def environ(self) -> dict[str, str]:
         return self._env
 
     def cmdline(self) -> list[str]:
-        if self._env:
-            return ["lscpu"]
-        return ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"]
+        return ["lscpu"] if self._env else self._cmd
 
     def ppid(self) -> int:
         return self._ppid
@@ -91,6 +95,22 @@ def test_a_rank_seen_late_still_gets_its_own_number(tmp_path):
     moved = profile._renumbered(rec, 1)
     assert (moved.rank, moved.raw.name, moved.log.name) == (1, "rank1-pid201.txt", "rank1-pid201.log")
     assert moved.raw.read_text() == "stacks" and not raw.exists()
+
+
+def test_ranks_forked_by_the_launchers_fork_server_are_found_in_order():
+    """The launcher's ranks are its fork server's children (same command line as the server); the
+    server, the resource tracker and what a rank runs are no ranks."""
+    top, spawned = _Top(), {}
+    tracker = _Proc(99, 7, cmd=["python", "-c", "from multiprocessing.resource_tracker import main;main(3)"])
+    server = _Proc(100, 7, cmd=FORK_SERVER)
+    tool = _Proc(301, 102, {"RANK": "1", "LOCAL_RANK": "1"})
+    top.kids = [tracker, server, _Proc(102, 100, cmd=FORK_SERVER), tool]
+    assert profile._discover(top, 7, spawned) == {102: 0}  # rank 0 not yet readable
+    top.kids = [tracker, server, _Proc(101, 100, cmd=FORK_SERVER), _Proc(102, 100, cmd=FORK_SERVER), tool]
+    assert profile._discover(top, 7, spawned) == {101: 0, 102: 1}
+    # a fork server deeper down (one a rank started) is no launcher's: its children are no ranks
+    top.kids += [_Proc(400, 101, cmd=FORK_SERVER), _Proc(401, 400, cmd=FORK_SERVER)]
+    assert profile._discover(top, 7, {}) == {101: 0, 102: 1}
 
 
 def test_two_rank_profile(py_spy, tmp_path):

@@ -333,27 +333,6 @@ def cmd_summary(files: list[str], across: bool = False) -> int:
     return 0
 
 
-def _quiet_ctrl_c_while_spawning() -> None:
-    """In a rank the launcher is still spawning, Ctrl-C ends it at once and without a traceback,
-    until the rank installs its own handlers (launch._rank_main).
-
-    Ctrl-C reaches every process of the terminal's group, and the launcher passes it on to the
-    ranks as well; a rank still importing torch would print a KeyboardInterrupt traceback. A rank
-    that ignored the signal instead would make the launcher wait its whole grace period.
-    multiprocessing marks a process as inheriting while it prepares a spawned child, which is when
-    this module is imported there (through the main module). The default action ends the process
-    even inside a long C call, which a Python handler would wait for. An inherited "ignore" stays.
-    """
-    import multiprocessing
-
-    inheriting = getattr(multiprocessing.current_process(), "_inheriting", False)
-    if inheriting and signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-_quiet_ctrl_c_while_spawning()
-
-
 class _SignalWhileLoading(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(f"signal {signum}")
@@ -396,8 +375,24 @@ def _kept(path: str | None) -> str:
     return f"; nothing had finished, {path} holds no points"
 
 
+# Commands that start local ranks in this process (profile and cluster start commbench processes).
+LAUNCHING = ("sweep", "demo", "train", "compare", "study")
+
+
+def _start_rank_server(argv: list[str] | None) -> None:
+    """Start the fork server for local ranks now when this command will start some, so that its
+    import of torch runs beside this process's own (:mod:`commbench.bench.starter`)."""
+    from commbench.bench import starter
+
+    words = sys.argv[1:] if argv is None else argv
+    command = next((w for w in words if not w.startswith("-")), None)
+    if command in LAUNCHING and not {"-h", "--help"} & set(words) and not starter.launched_externally():
+        starter.start()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``commbench`` command; returns the exit code."""
+    _start_rank_server(argv)
     try:
         launch = _import_launch()
     except _SignalWhileLoading as exc:

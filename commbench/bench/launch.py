@@ -26,10 +26,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commbench.bench import starter
+from commbench.bench.starter import launched_externally
 from commbench.comm import p2p
 
 BACKENDS = ("gloo", "nccl")
 MIN_TIMEOUT_S = 1.0  # the rendezvous takes whole seconds; below one it has no time at all
+FAILED_RANK_LINGER_S = 1.0  # see _rank_main
+_stopping = False  # this rank is being stopped by a signal
 
 
 class Interrupted(Exception):
@@ -77,14 +81,6 @@ class LaunchSpec:
         return self.backend or ("nccl" if self.device == "cuda" else "gloo")
 
 
-def launched_externally() -> bool:
-    """True when a launcher (torchrun, SLURM) already made this process one rank of a job."""
-    env = os.environ
-    return ("RANK" in env and "WORLD_SIZE" in env) or (
-        "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "MASTER_ADDR" in env
-    )
-
-
 def _adopt_slurm_env() -> None:
     env = os.environ
     if "RANK" not in env and "SLURM_PROCID" in env:
@@ -98,9 +94,14 @@ def external_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
 
 
-def _rank_main(fn: Callable[..., Any], args: tuple, spec: LaunchSpec, error_dir: str | None) -> Any:
-    """Body of every rank: join the group, run ``fn``, leave; record a one-line error on failure."""
+def _rank_main(
+    fn: Callable[..., Any], args: tuple, spec: LaunchSpec, error_dir: str | None, env: Any = None
+) -> Any:
+    """Body of every rank: join the group, run ``fn``, leave; record a one-line error on failure.
+
+    ``env`` is the launcher's environment change for a rank forked from the fork server."""
     if error_dir is not None:
+        starter.take_environment(env)
         # Until the group is joined there is nothing to flush: a signal ends the rank at once, even
         # inside the rendezvous' C++ waits, which a Python handler would sit out.
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -138,10 +139,17 @@ def _rank_main(fn: Callable[..., Any], args: tuple, spec: LaunchSpec, error_dir:
         _record(error_dir, exc)
         # Under our launcher the parent reports the first failure in one line: no traceback here.
         sys.stdout.flush()
+        if not _stopping:
+            # A peer that died without a word (os._exit, a crash, SIGKILL) is known to the launcher
+            # only by its exit status, and the launcher reports the first rank it sees end. This
+            # rank's error is likely that peer's lost connection: it ends a moment after the peer.
+            time.sleep(FAILED_RANK_LINGER_S)
         raise SystemExit(1) from None
 
 
 def _exit_on_signal(signum: int, frame: Any) -> None:
+    global _stopping
+    _stopping = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # one signal is enough; a second would interrupt cleanup
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
@@ -192,11 +200,12 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
             rdzv_configs={"timeout": int(spec.timeout_s)},
             max_restarts=0,
             monitor_interval=0.1,
-            start_method="spawn",
+            start_method=starter.START_METHOD,
             local_addr="127.0.0.1",
         )
+        starter.start()
         try:
-            return elastic_launch(config, _rank_main)(fn, args, spec, error_dir)
+            return elastic_launch(config, _rank_main)(fn, args, spec, error_dir, starter.environment_change())
         except ChildFailedError as exc:
             raise _first_failure(exc, error_dir) from None
         except SignalException as exc:  # the agent has stopped the ranks before raising this

@@ -191,15 +191,35 @@ def _rank_of(proc: Any, top_pid: int) -> int | None:
         cmd = " ".join(proc.cmdline())
     except (psutil.Error, ValueError):
         return None
-    if "spawn_main" in cmd and "resource_tracker" not in cmd:
-        return -1  # a launcher's spawned rank: numbered by pid order among its siblings
+    if _started_by_launcher(cmd):
+        return -1  # numbered by pid order among its siblings, if its parent is a launcher's (_discover)
     return None
+
+
+def _started_by_launcher(cmd: str) -> bool:
+    """Whether a command line is that of a process multiprocessing started: a spawned process, a
+    fork server, or a process the fork server forked (it keeps the server's command line)."""
+    return ("spawn_main" in cmd or "multiprocessing.forkserver" in cmd) and "resource_tracker" not in cmd
+
+
+def _fork_servers(children: list[Any], top_pid: int) -> set[int]:
+    """The fork servers among the top process' own children: their children are its ranks."""
+    import psutil
+
+    found = set()
+    for c in children:
+        try:
+            if c.ppid() == top_pid and "multiprocessing.forkserver" in " ".join(c.cmdline()):
+                found.add(c.pid)
+        except psutil.Error:
+            continue
+    return found
 
 
 def _discover(top: Any, top_pid: int, spawned: dict[int, set[int]]) -> dict[int, int]:
     """{pid: rank} for the rank processes under ``top`` right now.
 
-    ``spawned`` collects, across calls, the launcher's spawned children by parent; they are
+    ``spawned`` collects, across calls, the launcher's started children by parent; they are
     numbered by pid among all seen so far (:func:`_spawned_ranks`). A child seen late can shift
     its siblings' numbers, which is why the recorders are renumbered when the run ends."""
     import psutil
@@ -208,8 +228,11 @@ def _discover(top: Any, top_pid: int, spawned: dict[int, set[int]]) -> dict[int,
         children = top.children(recursive=True)
     except psutil.Error:
         return {}
+    servers = _fork_servers(children, top_pid)
     candidates: dict[int, tuple[int, int]] = {}  # pid -> (rank or -1, parent pid)
     for c in children:
+        if c.pid in servers:
+            continue
         rank = _rank_of(c, top_pid)
         try:
             if rank is not None:
@@ -222,8 +245,10 @@ def _discover(top: Any, top_pid: int, spawned: dict[int, set[int]]) -> dict[int,
             continue
         if rank >= 0:
             found[pid] = rank
-        elif parent == top_pid:  # the launcher runs in the top process: its spawned children are
-            spawned.setdefault(parent, set()).add(pid)  # the ranks; deeper ones are not
+        elif parent == top_pid or parent in servers:
+            # The launcher runs in the top process: its ranks are the processes it spawned or its
+            # fork server forked; deeper ones are not.
+            spawned.setdefault(parent, set()).add(pid)
     alive = {c.pid for c in children}
     for pid, rank in _spawned_ranks(spawned).items():
         if pid in alive:

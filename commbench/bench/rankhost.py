@@ -1,0 +1,14 @@
+"""Imported first in the server process that forks local ranks (see :mod:`commbench.bench.starter`).
+
+The server starts with Ctrl-C ignored, so that one arriving while its interpreter starts prints
+no traceback. Here, before it imports torch, Ctrl-C gets its default action: during those
+seconds it ends the server at once and quietly. Once its imports are done the server ignores
+Ctrl-C again on its own, and each rank it forks starts from the default action set here, until
+the rank installs its own handlers (commbench.bench.launch).
+"""
+
+from __future__ import annotations
+
+import signal
+
+signal.signal(signal.SIGINT, signal.SIG_DFL)
