@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,3 +109,22 @@ def test_rendezvous_event_names_match_torchs_own_helper():
     assert launch._method_name(10_000) == "no_method_name"
     launch._cheap_rendezvous_event_names()
     assert dynamic_rendezvous.get_method_name is launch._method_name
+
+
+def test_the_fork_servers_imports_leave_cuda_alone():
+    """Ranks are forked from the server after its imports; CUDA touched there (even a device
+    count) could not be used in the ranks. Checked in a fresh interpreter, as the server is."""
+    code = (
+        "import torch, sys\n"
+        "seen = []\n"
+        "real = torch._C._cuda_getDeviceCount\n"
+        "torch._C._cuda_getDeviceCount = lambda: seen.append('device count') or real()\n"
+        "torch.cuda._lazy_init = lambda: seen.append('lazy init')\n"
+        "from commbench.bench import starter\n"
+        "for name in starter.PRELOAD: __import__(name)\n"
+        "print(seen, torch.cuda.is_initialized())\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "[] False"
