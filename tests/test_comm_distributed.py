@@ -28,10 +28,36 @@ cases = st.fixed_dictionaries(
 )
 
 
+# For the slow run: fresh random cases every time, and messages up to 24 MiB, where the ring cuts
+# each chunk into several of its default 2 MiB pipeline segments.
+large_cases = cases.filter(lambda c: c["dtype"] in ("float32", "int32")) | st.fixed_dictionaries(
+    {
+        "collective": st.sampled_from(sorted(ALGORITHMS)),
+        "count": st.integers(min_value=1 << 20, max_value=6 << 20),
+        "dtype": st.sampled_from(["float32", "int32"]),
+        "op": st.sampled_from(OPS),
+        "root": st.integers(min_value=0, max_value=4),
+        "workspace": st.booleans(),
+    }
+)
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(case=cases)
 def test_every_algorithm_matches_builtin_and_closed_form(worlds, world_size, case):
+    _check_case(worlds, world_size, case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5])
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=large_cases)
+def test_random_and_large_cases_match_builtin_and_closed_form(worlds, world_size, case):
+    _check_case(worlds, world_size, case)
+
+
+def _check_case(worlds, world_size: int, case: dict) -> None:
     assume(case["op"] != "avg" or DTYPES[case["dtype"]].is_floating_point)
     assume(case["count"] < 100_000 or case["dtype"] in ("float32", "int32"))
     results = worlds(world_size).run(("collective", case))
