@@ -72,3 +72,13 @@ def test_framing_is_counted_per_packet_where_packets_are_known() -> None:
     assert wc.wire_expected_ratio == pytest.approx(1 + 32 * 66 / 2_000_000)
     assert wc.wire_check is None  # the MTU-based 1.046 would have flagged this
     assert c.summarise([r[:6] for r in rows], 1, sent, sent, 1 << 20).wire_check is not None
+
+
+def test_a_window_opens_between_two_barriers(monkeypatch):
+    """All ranks done with what came before, then the reading, then nobody starts until all read."""
+    from commbench.probes import wirecount
+
+    calls = []
+    monkeypatch.setattr(wirecount.dist, "barrier", lambda: calls.append("barrier"))
+    assert wirecount.opened(lambda: calls.append("read") or 7) == 7
+    assert calls == ["barrier", "read", "barrier"]

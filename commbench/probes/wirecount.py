@@ -15,13 +15,29 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import torch
 import torch.distributed as dist
 
 from commbench.probes import host, links, wirecheck
+
+T = TypeVar("T")
+
+
+def opened(read: Callable[[], T]) -> T:
+    """Open a counting window on every rank: ``read()`` once all ranks have finished what came
+    before (a barrier), and nothing after it starts before every rank has read (a second one).
+
+    With one barrier before the reading, a peer's first message could pass before a slow rank's
+    reading; with one after it, the tail of earlier traffic could land in the window. The window
+    holds the second barrier's few bytes, as the idle baseline's holds those of its own.
+    """
+    dist.barrier()
+    first = read()
+    dist.barrier()
+    return first
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -134,8 +150,7 @@ class WireCounter:
             links.check_rate(value, seconds, self.link_gbps, what=f"{self.nic} {direction}")
 
     def _idle(self, seconds: float) -> host.NicCounters:
-        dist.barrier()
-        before = host.read_nic(self.nic)
+        before = opened(lambda: host.read_nic(self.nic))
         time.sleep(seconds)
         dist.barrier()
         return host.nic_delta(before, host.read_nic(self.nic))
@@ -149,10 +164,7 @@ class WireCounter:
             sent, recv: the cost model's bytes per rank for one call.
             size_bytes: the message size; below 1 MiB the check is reported, not judged.
         """
-        # Read, then meet: no rank starts sending before every rank has its first reading (read
-        # after the barrier, a peer's first message could pass before this rank's reading).
-        nic0, cpu0 = self.read()
-        dist.barrier()
+        nic0, cpu0 = opened(self.read)
         t0 = time.perf_counter()
         for _ in range(iters):
             run()
@@ -234,15 +246,13 @@ class WireCounter:
 
 class StepWindows:
     """Interface bytes of training steps, per strategy. Every rank reads its counters around each
-    step between two barriers (outside the step's timed region): without them, a rank that starts
-    early would have its first sends buffered by TCP before a slower peer opens its window, and
-    bytes would land in the previous strategy's count. The baseline is an idle rate taken once at
-    the start, scaled by the time spent inside the windows."""
+    step, the window opened and closed by barriers (:func:`opened`; outside the step's timed
+    region), so that no bytes of a step land in another strategy's count. The baseline is an idle
+    rate taken once at the start, scaled by the time spent inside the windows."""
 
     def __init__(self, counter: WireCounter, idle_s: float = 0.5) -> None:
         self.counter = counter
-        dist.barrier()
-        a = host.read_nic(counter.nic)
+        a = opened(lambda: host.read_nic(counter.nic))
         t0 = time.perf_counter()
         time.sleep(idle_s)
         dist.barrier()
@@ -253,8 +263,7 @@ class StepWindows:
 
     def around(self, key: str, run: Callable[[], None]) -> None:
         """Run ``run`` and add what the interface counted meanwhile to ``key``'s total."""
-        nic0, cpu0 = self.counter.read()  # before the barrier, as in WireCounter.count
-        dist.barrier()
+        nic0, cpu0 = opened(self.counter.read)
         t0 = time.perf_counter()
         run()
         dist.barrier()
