@@ -1,8 +1,8 @@
 """``commbench profile -- <command>``: sample every rank of a commbench run with py-spy.
 
-The inner command runs as ``python -m commbench ...``; as its ranks appear (the elastic launcher's
-spawned children, or processes with RANK in their environment under torchrun and the emulated
-cluster) one ``py-spy record`` attaches to each and writes its collapsed stacks. Each rank's main
+The inner command runs as ``python -m commbench ...``; as its ranks appear (the processes the
+launcher's fork server forks, or processes with RANK in their environment under torchrun and the
+emulated cluster) one ``py-spy record`` attaches to each and writes its collapsed stacks. Each rank's main
 thread is then split into communication, compute and elsewhere by the frames on its stacks, and
 the profile is also written in the format asked for (speedscope JSON or a flame graph SVG).
 """
@@ -302,7 +302,10 @@ def profile_command(
     import psutil
 
     out = Path(config.out_dir)
-    inner = subprocess.Popen([sys.executable, "-m", "commbench", *config.inner], start_new_session=True)
+    # Forked ranks are numbered by pid order, which is start order only if they start one by one.
+    env = {**os.environ, "TORCH_MP_PARALLEL_START": "0"}
+    command = [sys.executable, "-m", "commbench", *config.inner]
+    inner = subprocess.Popen(command, start_new_session=True, env=env)
     top = psutil.Process(inner.pid)
     recorders: dict[int, _Recorder] = {}
     spawned: dict[int, set[int]] = {}
