@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,6 +34,19 @@ def _world() -> tuple[int, int]:
 
 def test_returns_every_local_rank_result():
     assert run(_world, (), LaunchSpec(world_size=3)) == {0: (0, 3), 1: (1, 3), 2: (2, 3)}
+
+
+def _rank_zero_ends_the_fork_server() -> None:
+    if dist.get_rank() == 0:
+        os.kill(os.getppid(), signal.SIGKILL)  # the ranks' parent: the fork server
+    time.sleep(0.5)
+    os._exit(0)
+
+
+def test_a_fork_server_that_dies_is_named_and_the_next_launch_gets_a_new_one():
+    with pytest.raises(RankFailed, match="the fork server that started the ranks had ended"):
+        run(_rank_zero_ends_the_fork_server, (), LaunchSpec(world_size=2, timeout_s=60))
+    assert run(_world, (), LaunchSpec(world_size=2)) == {0: (0, 2), 1: (1, 2)}
 
 
 def _seen() -> tuple[str | None, str | None, str, str, int]:
@@ -128,3 +142,35 @@ def test_the_fork_servers_imports_leave_cuda_alone():
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "[] False"
+
+
+LATE_ENVIRONMENT = """
+import os, torch
+from commbench.bench import launch, starter
+
+def seen():
+    return os.environ.get("RANK"), torch.get_num_threads()
+
+if __name__ == "__main__":
+    os.environ["RANK"] = "0"  # the server starts with RANK=0, the rank the agent gives rank 0 too
+    os.environ.pop("WORLD_SIZE", None)
+    os.environ.pop("OMP_NUM_THREADS", None)
+    starter.ready()
+    del os.environ["RANK"]
+    os.environ["OMP_NUM_THREADS"] = "3"  # read by torch when it loads, in the server
+    print(sorted(launch.run(seen, (), launch.LaunchSpec(world_size=2)).items()))
+"""
+
+
+def test_a_rank_keeps_what_the_agent_set_and_applies_threads_set_after_the_server_started(tmp_path):
+    """The agent's RANK=0 equals the server's starting value that the launcher has since removed;
+    rank 0 still gets it. OMP_NUM_THREADS set after the server loaded torch still counts."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE_ENVIRONMENT)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[(0, ('0', 3)), (1, ('1', 3))]"

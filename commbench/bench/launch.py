@@ -50,6 +50,7 @@ class RankFailed(RuntimeError):
     def __init__(self, rank: int, message: str) -> None:
         super().__init__(f"rank {rank} failed: {message}")
         self.rank = rank
+        self.detail = message
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,9 +108,7 @@ def _rank_main(
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
     try:
-        if "OMP_NUM_THREADS" not in os.environ:  # as torchrun: ranks share the cores, no oversubscription
-            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(_threads())
         device = torch.device(spec.device)
         if spec.device == "cuda":
             if not torch.cuda.is_available():
@@ -145,6 +144,20 @@ def _rank_main(
             # rank's error is likely that peer's lost connection: it ends a moment after the peer.
             time.sleep(FAILED_RANK_LINGER_S)
         raise SystemExit(1) from None
+
+
+def _threads() -> int:
+    """Torch's threads in a rank: OMP_NUM_THREADS if set (applied here, as a rank forked from the
+    fork server has torch loaded already), else, as torchrun does, the cores shared out among the
+    local ranks, so that they do not oversubscribe them."""
+    try:
+        given = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        given = 0
+    if given >= 1:
+        return given
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, (os.cpu_count() or 1) // local_world)
 
 
 def _exit_on_signal(signum: int, frame: Any) -> None:
@@ -203,11 +216,15 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
             start_method=starter.START_METHOD,
             local_addr="127.0.0.1",
         )
-        starter.start()
         try:
+            starter.ready()
             return elastic_launch(config, _rank_main)(fn, args, spec, error_dir, starter.environment_change())
         except ChildFailedError as exc:
-            raise _first_failure(exc, error_dir) from None
+            failure = _first_failure(exc, error_dir)
+            if starter.server_gone():
+                gone = "the fork server that started the ranks had ended"
+                failure = RankFailed(failure.rank, f"{failure.detail} ({gone})")
+            raise failure from None
         except SignalException as exc:  # the agent has stopped the ranks before raising this
             raise Interrupted(int(exc.sigval)) from None
         except KeyboardInterrupt:
@@ -246,7 +263,8 @@ def _first_failure(exc: Any, error_dir: str) -> RankFailed:
     found = []  # (class, time, rank, text)
     for path in Path(error_dir).glob("rank*.err"):
         stamp, _, text = path.read_text().partition("\t")
-        found.append((1, float(stamp), int(path.stem[4:]), text))
+        rank = path.stem[4:]
+        found.append((1, float(stamp), int(rank) if rank.isdigit() else -1, text))
     for rank, failure in exc.failures.items():
         if Path(error_dir, f"rank{rank}.err").exists():
             continue

@@ -4,16 +4,23 @@ A spawned rank is a fresh interpreter that imports torch, about 3 s of CPU on a 
 for every rank of every launch. The elastic launcher's ``forkserver`` start method forks each
 rank from one server process instead; with torch and the launcher's module imported there in
 advance, a rank starts in a fraction of a second. The server is itself a fresh interpreter that
-only imports: it holds no CUDA context, no process group and no torch thread pool, which forking
-the launcher itself could not promise. Ranks are its children, not the launcher's.
+only imports: it holds no CUDA context, no process group and no torch work, which forking the
+launcher itself could not promise (its one extra thread is OpenBLAS's, which re-creates its
+threads after a fork). Ranks are its children, not the launcher's.
 
 This module does not import torch, so the CLI can start the server first and let its imports
 run beside the CLI's own (two cores, two imports at once).
 
-The ranks forked from the server inherit the environment the server started with; the launcher
-hands the difference to each rank (:func:`environment_change`), so a rank sees the launcher's
-environment at launch time, as a spawned one would. Their standard output and error are the
-server's: the launcher's when the server started.
+What a rank inherits from the server, and how it differs from a spawned rank:
+
+- The environment: the server's, from when it started. The launcher hands each rank the
+  environment of the launch (:func:`environment_change`), so a rank sees it as a spawned one
+  would. Variables read while a library loads (OMP_NUM_THREADS for torch's threads) were read by
+  the server; the rank applies OMP_NUM_THREADS itself (commbench.bench.launch).
+- Standard output and error: the server's, the launcher's when the server started.
+- multiprocessing keeps one fork server per process: once commbench's runs, other users of the
+  ``forkserver`` start method in the launcher get children of it too, and a server someone else
+  started is used as it is (without torch preloaded).
 """
 
 from __future__ import annotations
@@ -23,9 +30,28 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 START_METHOD = "forkserver"
 PRELOAD = ("commbench.bench.rankhost", "torch", "torch.distributed", "commbench.bench.launch")
+# What the elastic agent sets for every rank it starts (LocalElasticAgent), besides TORCHELASTIC_*.
+AGENT_VARIABLES = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_WORLD_SIZE",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
+)
+
+_ready: set[int] = set()  # servers (pids) known to have finished their imports
 
 
 def launched_externally() -> bool:
@@ -36,27 +62,58 @@ def launched_externally() -> bool:
     )
 
 
-_started_env: dict[str, str] | None = None  # the environment the running server started with
+def _server_pid() -> int | None:
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
 
 
 def start() -> None:
-    """Start the fork server now, with torch preloaded; nothing happens if one already runs.
+    """Start the fork server, with torch preloaded, and return at once; if one runs, nothing.
 
-    A server that someone else started (multiprocessing's is one per process) is used as it is.
+    A server that died is replaced.
     """
-    global _started_env
     import multiprocessing
     from multiprocessing import forkserver
 
-    server = forkserver._forkserver
-    before = getattr(server, "_forkserver_pid", None)
-    if before is None:
+    if _server_pid() is None:
         multiprocessing.set_forkserver_preload(list(PRELOAD))
-    env = dict(os.environ)
     with _sigint_ignored():  # in the server until it has imported commbench.bench.rankhost
-        forkserver.ensure_running()  # starts one, or a new one if the last one died
-    if getattr(server, "_forkserver_pid", None) != before:
-        _started_env = env
+        forkserver.ensure_running()
+
+
+def ready() -> None:
+    """Start the server if need be and wait until it has done its imports and can fork.
+
+    Until then a launch would leave a half-made request with the server, served seconds later;
+    an interrupted wait here leaves only a process that does nothing.
+    """
+    start()
+    pid = _server_pid()
+    if pid in _ready:
+        return
+    import multiprocessing
+
+    probe = multiprocessing.get_context(START_METHOD).Process(target=_nothing, name="commbench-server-probe")
+    probe.start()
+    probe.join()
+    _ready.add(pid)
+
+
+def _nothing() -> None:
+    pass
+
+
+def server_gone() -> bool:
+    """Whether the fork server this process started has ended (a zombie counts as ended)."""
+    pid = _server_pid()
+    if pid is None:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
 
 
 @contextlib.contextmanager
@@ -73,21 +130,33 @@ def _sigint_ignored() -> Iterator[None]:
 
 def environment_change() -> tuple[dict[str, str], dict[str, str]] | None:
     """(the environment the server started with, the environment now), for :func:`take_environment`
-    in a rank; None when the server is not one this module started."""
-    if _started_env is None:
+    in a rank; None when the server's environment cannot be read."""
+    pid = _server_pid()
+    if pid is None:
         return None
-    return _started_env, dict(os.environ)
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    started = dict(
+        entry.decode(errors="surrogateescape").partition("=")[::2] for entry in raw.split(b"\0") if entry
+    )
+    return started, dict(os.environ)
 
 
 def take_environment(change: tuple[dict[str, str], dict[str, str]] | None) -> None:
-    """In a rank: the launcher's environment now, plus what the launcher's agent set for this rank.
+    """In a rank: the launcher's environment at launch, plus what the launcher's agent set for it.
 
-    The agent's variables (RANK, MASTER_PORT, ...) are those that differ from what the server
-    started with."""
+    The agent's variables are those it always sets (:data:`AGENT_VARIABLES`, TORCHELASTIC_*) and
+    any other that differs from what the server started with."""
     if change is None:
         return
     started, now = change
-    agent = {k: v for k, v in os.environ.items() if started.get(k) != v}
+    agent = {
+        k: v
+        for k, v in os.environ.items()
+        if k in AGENT_VARIABLES or k.startswith("TORCHELASTIC_") or started.get(k) != v
+    }
     os.environ.clear()
     os.environ.update(now)
     os.environ.update(agent)
