@@ -1,0 +1,1 @@
+"""Benchmarks and the ``commbench`` command: sweeps, training comparisons, reports, launching."""
