@@ -174,3 +174,42 @@ def test_a_rank_keeps_what_the_agent_set_and_applies_threads_set_after_the_serve
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[(0, ('0', 3)), (1, ('1', 3))]"
+
+
+STUCK_SERVER = """
+import sys, time
+from commbench.bench import cli, starter
+
+if __name__ == "__main__":
+    preload = starter.PRELOAD
+    starter.READY_MIN_S = 1.0
+    starter.PRELOAD = ("commbench.bench.rankhost", "stuck_import")
+    argv = ["sweep", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "-q", "--no-probe", "--world-size", "2"]
+    t0 = time.monotonic()
+    code = cli.main([*argv, "--timeout", "1"])
+    stuck = starter._server_pid()
+    print(code, round(time.monotonic() - t0), starter.server_gone(), file=sys.stderr)
+    starter.PRELOAD = preload
+    print(cli.main(argv), starter._server_pid() != stuck, file=sys.stderr)
+"""
+
+
+def test_a_fork_server_stuck_in_its_imports_ends_the_launch_and_the_next_gets_a_new_one(tmp_path):
+    """A launch waits for the server's imports no longer than the timeout (here its floor cut to
+    1 s), then kills the server and says so in one line; the next launch starts a fresh server."""
+    (tmp_path / "stuck_import.py").write_text("import time\ntime.sleep(600)\n")
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_SERVER)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{tmp_path}"}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    message, first, second = done.stderr.strip().split("\n")
+    assert message.startswith("commbench: the fork server that starts the ranks (pid "), message
+    assert "had not finished importing stuck_import after 1 s; it was stopped" in message
+    code, seconds, gone = first.split()
+    assert (code, gone) == ("1", "True") and int(seconds) < 30, first
+    assert second == "0 True"
+

@@ -399,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         print("commbench: interrupted", file=sys.stderr)
         return 128 + exc.signum
     Interrupted, RankFailed = launch.Interrupted, launch.RankFailed
+    NotStarted = launch.starter.ServerNotReady
 
     args = None
     try:
@@ -461,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:
         print(f"commbench: error: {exc}", file=sys.stderr)
         return 2
+    except NotStarted as exc:
+        print(f"commbench: {exc}", file=sys.stderr)
+        return 1
     except RankFailed as exc:
         print(f"commbench: {exc}", file=sys.stderr)
         bad_input = str(exc).split(": ", 1)[-1].startswith(("ValueError", "TypeError"))

@@ -217,7 +217,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
             local_addr="127.0.0.1",
         )
         try:
-            starter.ready()
+            starter.ready(spec.timeout_s)
             return elastic_launch(config, _rank_main)(fn, args, spec, error_dir, starter.environment_change())
         except ChildFailedError as exc:
             failure = _first_failure(exc, error_dir)

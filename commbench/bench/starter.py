@@ -51,7 +51,13 @@ AGENT_VARIABLES = frozenset(
     }
 )
 
+READY_MIN_S = 60.0  # the least a launch waits for the server's imports (torch: ~3 s here)
+
 _ready: set[int] = set()  # servers (pids) known to have finished their imports
+
+
+class ServerNotReady(RuntimeError):
+    """The fork server did not finish its imports in time; it has been stopped."""
 
 
 def launched_externally() -> bool:
@@ -76,28 +82,56 @@ def start() -> None:
     import multiprocessing
     from multiprocessing import forkserver
 
-    if _server_pid() is None:
+    if _server_pid() is None or server_gone():
         multiprocessing.set_forkserver_preload(list(PRELOAD))
     with _sigint_ignored():  # in the server until it has imported commbench.bench.rankhost
         forkserver.ensure_running()
 
 
-def ready() -> None:
+def ready(timeout_s: float = READY_MIN_S) -> None:
     """Start the server if need be and wait until it has done its imports and can fork.
 
     Until then a launch would leave a half-made request with the server, served seconds later;
-    an interrupted wait here leaves only a process that does nothing.
+    an interrupted wait here leaves only a process that does nothing. A server still importing
+    after ``timeout_s`` (at least :data:`READY_MIN_S`) is killed and :class:`ServerNotReady`
+    raised, so a stuck import ends the launch instead of hanging it.
     """
     start()
     pid = _server_pid()
     if pid in _ready:
         return
+    # Starting a process blocks until the server has forked it, so the wait is a thread's.
+    failed: list[BaseException] = []
+    prober = threading.Thread(target=_probe, args=(failed,), name="commbench-server-probe", daemon=True)
+    prober.start()
+    wait_s = max(timeout_s, READY_MIN_S)
+    prober.join(wait_s)
+    if prober.is_alive():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)  # the probe's request then ends with the server
+        prober.join(5.0)
+        raise ServerNotReady(
+            f"the fork server that starts the ranks (pid {pid}) had not finished importing "
+            f"{', '.join(PRELOAD[1:])} after {wait_s:g} s; it was stopped"
+        )
+    if failed:
+        exc = failed[0]
+        raise ServerNotReady(
+            f"the fork server that starts the ranks (pid {pid}) could not start a process: "
+            f"{type(exc).__name__}: {exc}"
+        )
+    _ready.add(pid)
+
+
+def _probe(failed: list[BaseException]) -> None:
     import multiprocessing
 
-    probe = multiprocessing.get_context(START_METHOD).Process(target=_nothing, name="commbench-server-probe")
-    probe.start()
-    probe.join()
-    _ready.add(pid)
+    try:
+        probe = multiprocessing.get_context(START_METHOD).Process(target=_nothing, name="commbench-probe")
+        probe.start()
+        probe.join()
+    except Exception as exc:  # handed to the waiting thread
+        failed.append(exc)
 
 
 def _nothing() -> None:
