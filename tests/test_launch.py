@@ -213,3 +213,62 @@ def test_a_fork_server_stuck_in_its_imports_ends_the_launch_and_the_next_gets_a_
     assert (code, gone) == ("1", "True") and int(seconds) < 30, first
     assert second == "0 True"
 
+
+STOPPED_WHILE_CONNECTING = """
+import os, sys, time
+from pathlib import Path
+from commbench.bench import launch
+from commbench.comm import p2p
+
+real = p2p.enable_duplex
+
+
+def slow_duplex(group):
+    if os.environ["RANK"] == "0":
+        time.sleep(120)  # rank 1 meanwhile waits in the companion group's C++ connect
+    else:
+        Path(sys.argv[1]).write_text(str(os.getpid()))
+    real(group)
+
+
+p2p.enable_duplex = slow_duplex  # in the ranks too: they import this file as their main module
+
+
+def nothing():
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        launch.run(nothing, (), launch.LaunchSpec(world_size=2))
+    except launch.Interrupted as exc:
+        print("interrupted", exc.signum, file=sys.stderr)
+"""
+
+
+def test_a_stop_while_a_rank_connects_its_second_group_ends_it_at_once(tmp_path):
+    """Two ranks connect a companion group after joining (p2p.enable_duplex), in a C++ wait on the
+    launcher's store. A Python handler there would run only once that wait failed, when the
+    launcher exited: the launcher waited out its 30 s grace, and the rank printed the store's C++
+    error. The rank takes the default action until its connections are made."""
+    script, mark = tmp_path / "stop.py", tmp_path / "rank1.pid"
+    script.write_text(STOPPED_WHILE_CONNECTING)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(mark)], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mark.exists(), "rank 1 never reached its second group"
+        time.sleep(1.0)  # into the C++ wait
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        err = proc.communicate(timeout=120)[1]
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert err.strip() == f"interrupted {int(signal.SIGTERM)}", err[-2000:]
+    assert took < 15, took

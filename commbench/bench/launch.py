@@ -120,12 +120,15 @@ def _rank_main(
         if spec.resolved_backend == "nccl":
             kwargs["device_id"] = device
         dist.init_process_group(spec.resolved_backend, timeout=timedelta(seconds=spec.timeout_s), **kwargs)
-        if error_dir is not None:
-            # Ctrl-C reaches every rank: leave quietly (finally-blocks still flush finished records).
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(signum, _exit_on_signal)
         try:
-            p2p.enable_duplex(None)  # here, so that no timed or counted interval pays for its set-up
+            # Here, so that no timed or counted interval pays for its set-up. Its connections are
+            # made in a C++ wait on the launcher's store, which a signal must end at once too: with
+            # a handler the rank waited for the launcher to exit and printed the store's C++ error.
+            p2p.enable_duplex(None)
+            if error_dir is not None:
+                # Ctrl-C reaches every rank: leave quietly (finally-blocks still flush finished records).
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(signum, _exit_on_signal)
             return fn(*args)
         except BaseException as exc:
             _record(error_dir, exc)  # before leaving the group wakes the peers with errors of their own
