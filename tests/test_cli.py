@@ -123,7 +123,11 @@ def test_sweep_writes_table_json_csv_and_plot(recorded_sweep):
     assert timeline.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "closed-terminal"])
+def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_path, sig):
+    """What Ctrl-C or a closed terminal sends to the terminal's process group: one line, every
+    finished point kept, no process left (multiprocessing's resource tracker, in the group too,
+    must outlive a SIGHUP, or it is relaunched and prints a traceback for each semaphore)."""
     path = tmp_path / "r.jsonl"
     proc = subprocess.Popen(
         [
@@ -156,9 +160,9 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
     while time.monotonic() < deadline and (not path.exists() or len(path.read_text().splitlines()) < 3):
         time.sleep(0.2)
     children = psutil.Process(proc.pid).children(recursive=True)
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does in a terminal
+    os.killpg(proc.pid, sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err
     assert err.strip().startswith("commbench: interrupted") and "\n" not in err.strip(), err
     kept = [json.loads(x) for x in path.read_text().splitlines()]
     assert kept[0]["type"] == "header" and len(kept) >= 3

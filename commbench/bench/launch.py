@@ -34,6 +34,7 @@ BACKENDS = ("gloo", "nccl")
 MIN_TIMEOUT_S = 1.0  # the rendezvous takes whole seconds; below one it has no time at all
 FAILED_RANK_LINGER_S = 1.0  # see _rank_main
 _stopping = False  # this rank is being stopped by a signal
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a rank leaves quietly on these
 
 
 class Interrupted(Exception):
@@ -105,7 +106,7 @@ def _rank_main(
         starter.take_environment(env)
         # Until the group is joined there is nothing to flush: a signal ends the rank at once, even
         # inside the rendezvous' C++ waits, which a Python handler would sit out.
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)
     try:
         torch.set_num_threads(_threads())
@@ -127,7 +128,9 @@ def _rank_main(
             p2p.enable_duplex(None)
             if error_dir is not None:
                 # Ctrl-C reaches every rank: leave quietly (finally-blocks still flush finished records).
-                for signum in (signal.SIGINT, signal.SIGTERM):
+                # So does a closed terminal's SIGHUP: its default action skipped the exit's clean-up,
+                # and multiprocessing's resource tracker then reported tqdm's lock as leaked.
+                for signum in STOP_SIGNALS:
                     signal.signal(signum, _exit_on_signal)
             return fn(*args)
         except BaseException as exc:
@@ -166,8 +169,8 @@ def _threads() -> int:
 def _exit_on_signal(signum: int, frame: Any) -> None:
     global _stopping
     _stopping = True
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # one signal is enough; a second would interrupt cleanup
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for other in STOP_SIGNALS:  # one signal is enough; a second would interrupt cleanup
+        signal.signal(other, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 

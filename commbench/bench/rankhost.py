@@ -4,7 +4,9 @@ The server starts with Ctrl-C ignored, so that one arriving while its interprete
 no traceback. Here, before it imports torch, Ctrl-C gets its default action: during those
 seconds it ends the server at once and quietly. Once its imports are done the server ignores
 Ctrl-C again on its own, and each rank it forks starts from the default action set here, until
-the rank installs its own handlers (commbench.bench.launch).
+the rank installs its own handlers (commbench.bench.launch). The server starts with SIGHUP
+ignored too (for the sake of multiprocessing's resource tracker, started beside it); here it
+gets its default action back, for the server and its ranks.
 """
 
 from __future__ import annotations
@@ -12,3 +14,4 @@ from __future__ import annotations
 import signal
 
 signal.signal(signal.SIGINT, signal.SIG_DFL)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)

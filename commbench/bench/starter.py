@@ -84,7 +84,10 @@ def start() -> None:
 
     if _server_pid() is None or server_gone():
         multiprocessing.set_forkserver_preload(list(PRELOAD))
-    with _sigint_ignored():  # in the server until it has imported commbench.bench.rankhost
+    # Ignored from their start: Ctrl-C in the server until it has imported commbench.bench.rankhost;
+    # a closed terminal's SIGHUP in multiprocessing's resource tracker, which the server's start
+    # starts too and which, killed by it, was relaunched and printed a traceback per semaphore.
+    with _ignored((signal.SIGINT, signal.SIGHUP)):
         forkserver.ensure_running()
 
 
@@ -151,15 +154,17 @@ def server_gone() -> bool:
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
+def _ignored(signums: tuple[int, ...]) -> Iterator[None]:
+    """``signums`` ignored in the block, so that processes started in it begin with them ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread sets handlers; the server then starts as this process is
         return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in signums}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def environment_change() -> tuple[dict[str, str], dict[str, str]] | None:
