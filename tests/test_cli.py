@@ -59,6 +59,10 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["sweep", "-f", "inf"], "finite"),
         (["sweep", "-b", "1", "-e", "1G", "-i", "1"], "more than 1000 sizes"),
         (["sweep", "--json", "same.out", "--csv", "same.out"], "same file"),
+        (["sweep", "--json", "r.jsonl", "--plot", "./r.jsonl"], "--json and --plot name the same file"),
+        (["compare", "--json", "t.png", "--plot", "t.png"], "--json and --plot name the same file"),
+        (["sweep", "--json", "a" * 300 + ".jsonl"], "File name too long"),
+        (["sweep", "--timeout", "1e12"], "<= 1e+07"),
         (["summary", "/nonexistent.jsonl"], "cannot read"),
     ],
 )
@@ -463,3 +467,17 @@ def test_the_interrupted_message_counts_points_past_a_line_cut_short(tmp_path):
     assert _kept(str(path)).startswith("; nothing had finished")
     path.write_text('{"type": "header"}\n{"type": "sweep"}\n{"type": "swe')
     assert _kept(str(path)) == f"; finished points are in {path}"
+
+
+def test_a_path_behind_a_directory_without_access_is_one_line(monkeypatch, capsys):
+    """As a user other than root, ``Path.is_dir`` itself raises on a directory that user cannot
+    enter (root passes every permission check, so the error is put in its place here)."""
+    from pathlib import PosixPath
+
+    def refuse(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(PosixPath, "is_dir", refuse)
+    assert main(["sweep", "--json", "/root/out.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert err == "commbench: error: cannot write /root/out.jsonl: Permission denied\n"

@@ -260,8 +260,9 @@ def _check_some_size_fits(config: Any, world: int) -> None:
 
 def cmd_sweep(config: Any, spec: Any, plot_path: str | None) -> int:
     from commbench.bench import launch
-    from commbench.bench.records import check_plot_path, check_writable
+    from commbench.bench.records import check_distinct, check_plot_path, check_writable
 
+    check_distinct(json=config.json_path, csv=config.csv_path, plot=plot_path)
     if config.root >= spec.world_size:
         raise ValueError(f"root {config.root} is not a rank of a world of {spec.world_size}")
     _check_some_size_fits(config, spec.world_size)
@@ -428,7 +429,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.world_size = 1  # none, dp and vanilla-dp run in one process
             return train.cmd_train(config, launch_spec(args))
         if args.command == "demo":
-            Path("results").mkdir(exist_ok=True)
+            try:
+                Path("results").mkdir(exist_ok=True)
+            except OSError as exc:
+                raise ValueError(f"cannot make the directory results here: {exc.strerror}") from None
             demo = build_parser().parse_args(
                 [
                     "sweep",
@@ -480,4 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         # shell tool does on SIGPIPE; stdout goes to /dev/null so exiting does not flush into it.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except OSError as exc:  # the file system refused what no check foresaw (a directory without access)
+        print(f"commbench: error: {exc}", file=sys.stderr)
+        return 1
     return 0

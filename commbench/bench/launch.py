@@ -10,7 +10,6 @@ each rank joins a process group before ``fn`` runs and leaves it after.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import sys
@@ -32,6 +31,7 @@ from commbench.comm import p2p
 
 BACKENDS = ("gloo", "nccl")
 MIN_TIMEOUT_S = 1.0  # the rendezvous takes whole seconds; below one it has no time at all
+MAX_TIMEOUT_S = 1e7  # 116 days; far larger overflows the launcher's deadline arithmetic
 FAILED_RANK_LINGER_S = 1.0  # see _rank_main
 _stopping = False  # this rank is being stopped by a signal
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a rank leaves quietly on these
@@ -72,10 +72,10 @@ class LaunchSpec:
             raise ValueError(f"unknown backend {self.backend!r}; choose from {', '.join(BACKENDS)}")
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("backend nccl needs --device cuda")
-        if not (self.timeout_s >= MIN_TIMEOUT_S and math.isfinite(self.timeout_s)):
+        if not (MIN_TIMEOUT_S <= self.timeout_s <= MAX_TIMEOUT_S):
             raise ValueError(
                 f"timeout must be a finite number of seconds >= {MIN_TIMEOUT_S:g} (ranks need that long "
-                f"to meet), got {self.timeout_s}"
+                f"to meet) and <= {MAX_TIMEOUT_S:g}, got {self.timeout_s}"
             )
 
     @property
@@ -169,9 +169,16 @@ def _threads() -> int:
 def _exit_on_signal(signum: int, frame: Any) -> None:
     global _stopping
     _stopping = True
-    for other in STOP_SIGNALS:  # one signal is enough; a second would interrupt cleanup
-        signal.signal(other, signal.SIG_IGN)
+    # One signal is enough; a second would interrupt cleanup. Not SIG_IGN: a second signal already
+    # pending (timeout(1) and the launcher each send one) then raises "Signal 15 ignored due to
+    # race condition" from this very call.
+    for other in STOP_SIGNALS:
+        signal.signal(other, _already_stopping)
     raise SystemExit(128 + signum)
+
+
+def _already_stopping(signum: int, frame: Any) -> None:
+    pass
 
 
 def _record(error_dir: str | None, exc: BaseException) -> None:

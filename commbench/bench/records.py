@@ -53,19 +53,31 @@ class SweepRecord:
 def check_writable(path: str | Path) -> None:
     """Raise ValueError unless ``path`` can be created or overwritten."""
     p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"cannot write {p}: it is a directory")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise ValueError(f"cannot write {p}: directory {parent} does not exist")
-    existed = p.exists()
     try:
+        if p.is_dir():
+            raise ValueError(f"cannot write {p}: it is a directory")
+        parent = p.parent if str(p.parent) else Path(".")
+        if not parent.is_dir():
+            raise ValueError(f"cannot write {p}: directory {parent} does not exist")
+        existed = p.exists()
         with open(p, "a"):
             pass
-    except OSError as exc:
-        raise ValueError(f"cannot write {p}: {exc.strerror}") from None
-    if not existed:  # a check leaves nothing behind: a run refused later must not leave empty files
-        p.unlink()
+        if not existed:  # a check leaves nothing behind: a run refused later must not leave empty files
+            p.unlink()
+    except OSError as exc:  # no access to a directory on the way, a name too long, ...
+        raise ValueError(f"cannot write {p}: {exc.strerror or exc}") from None
+
+
+def check_distinct(**paths: str | None) -> None:
+    """Raise ValueError when two of the output options (name=path) name the same file."""
+    seen: dict[Path, str] = {}
+    for name, path in paths.items():
+        if not path:
+            continue
+        key = Path(path).resolve()
+        if key in seen:
+            raise ValueError(f"--{seen[key]} and --{name} name the same file {path}")
+        seen[key] = name
 
 
 def check_plot_path(path: str | Path) -> None:

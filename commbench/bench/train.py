@@ -245,8 +245,10 @@ def _train_rank(config: Any, device: str) -> list[dict]:
 
 def cmd_train(config: Any, spec: Any) -> int:
     from commbench.bench import launch
-    from commbench.bench.records import check_plot_path, check_writable
+    from commbench.bench.records import check_distinct, check_plot_path, check_writable
     from commbench.trainers.sync import CUDA_ONLY
+
+    check_distinct(json=config.json_path, plot=config.plot_path)
 
     for s in config.strategies:
         if s in SINGLE_PROCESS and spec.world_size > 1:
