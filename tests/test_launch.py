@@ -295,3 +295,17 @@ def test_stop_signals_after_the_first_are_swallowed_by_a_python_handler():
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     expected = f"exit {128 + signal.SIGTERM}\nTrue\nalive\n"
     assert (done.returncode, done.stdout, done.stderr) == (0, expected, "")
+
+
+def _companion_timeout() -> float:
+    from commbench.comm import p2p
+
+    companion = p2p._COMPANIONS[dist.group.WORLD][0]
+    return p2p.group_timeout(companion).total_seconds()
+
+
+def test_the_companion_group_keeps_the_launch_timeout():
+    """The second connection of two gloo ranks (p2p.enable_duplex) is a group of its own; made
+    without a timeout it took torch's 30 minutes, and a rank stuck on a silent peer there hung
+    the run past --timeout."""
+    assert run(_companion_timeout, (), LaunchSpec(world_size=2, timeout_s=7)) == {0: 7.0, 1: 7.0}

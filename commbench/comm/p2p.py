@@ -20,6 +20,7 @@ turns it off for that comparison).
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,16 @@ def _resolved(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
     return dist.group.WORLD if group is None else group
 
 
+def group_timeout(group: dist.ProcessGroup | None) -> timedelta | None:
+    """The timeout ``group`` was made with, for groups made beside it (None where unreadable;
+    ``new_group`` then takes torch's default of 30 minutes, not the launch's ``--timeout``)."""
+    device = torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")
+    try:
+        return _resolved(group)._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def enable_duplex(group: dist.ProcessGroup | None) -> None:
     """Give a 2-rank gloo group a second connection, one per direction (see the module's notes).
 
@@ -65,7 +76,9 @@ def enable_duplex(group: dist.ProcessGroup | None) -> None:
     if os.environ.get(DUPLEX_ENV, "1") == "0":
         return
     ranks = [global_rank(group, r) for r in range(2)]
-    companion = dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
+    companion = dist.new_group(
+        ranks, backend="gloo", timeout=group_timeout(group), use_local_synchronization=True
+    )
     _COMPANIONS[key] = (
         companion,
         (dist.get_group_rank(companion, ranks[0]), dist.get_group_rank(companion, ranks[1])),

@@ -172,7 +172,7 @@ class Bucketed(GradSync):
             p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
         if self.transport == "ring":
             # A group of its own: the ring thread never shares a channel with the main thread.
-            group = dist.new_group(backend=dist.get_backend())
+            group = dist.new_group(backend=dist.get_backend(), timeout=p2p.group_timeout(None))
             p2p.enable_duplex(group)  # here on the main thread, where every rank creates groups
             self.ring = _RingThread(self.clock, group)
         self.before_backward()
