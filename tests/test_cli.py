@@ -481,3 +481,24 @@ def test_a_path_behind_a_directory_without_access_is_one_line(monkeypatch, capsy
     assert main(["sweep", "--json", "/root/out.jsonl"]) == 2
     err = capsys.readouterr().err
     assert err == "commbench: error: cannot write /root/out.jsonl: Permission denied\n"
+
+
+def test_a_sweep_whose_reader_leaves_early_runs_to_the_end(tmp_path):
+    """``commbench sweep ... | head -1``: the table stops, the run and its records do not."""
+    path = tmp_path / "r.jsonl"
+    argv = ["sweep", "-b", "1K", "-e", "64K", "-n", "2", "-w", "1", "--no-probe", "--json", str(path)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commbench", *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with _kill_after(proc, 120):
+        assert proc.stdout.readline().startswith("# commbench sweep: all_reduce, 2 ranks")
+        proc.stdout.close()  # the reader leaves
+        err = proc.stderr.read()
+        assert proc.wait() == 0, err
+    assert err == ""
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    assert sorted({r["size_bytes"] for r in records if r["type"] == "sweep"}) == [1024 << i for i in range(7)]

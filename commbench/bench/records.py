@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
+import sys
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,6 +50,15 @@ class SweepRecord:
     wire_check: str | None = None
     hosts: list[dict] | None = None
     type: str = "sweep"
+
+
+def say(text: str, end: str = "\n") -> None:
+    """Print ``text`` on standard output. Once its reader has gone (``commbench sweep | head``),
+    the rest is dropped and the run goes on, its records still written to their files."""
+    try:
+        print(text, end=end, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def check_writable(path: str | Path) -> None:

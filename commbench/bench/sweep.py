@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from commbench import comm
 from commbench.bench.collectives import SPECS, algorithms_for, poison
-from commbench.bench.records import RecordWriter, SweepRecord
+from commbench.bench.records import RecordWriter, SweepRecord, say
 from commbench.comm.costmodel import cost
 from commbench.comm.ops import check_op, parse_dtype
 
@@ -357,9 +357,9 @@ class Rank0Output:
                     dynamic_ncols=True,
                     disable=not sys.stderr.isatty(),
                 )
-                print(self.report.table_header(self.config, payload), flush=True)
+                say(self.report.table_header(self.config, payload))
                 if self.probe is not None:
-                    print(self.probe.describe(), flush=True)
+                    say(self.probe.describe())
         elif kind == "step":
             if self.bar is not None:
                 self.bar.update(1)
@@ -379,9 +379,9 @@ class Rank0Output:
                     line += "".join(f"\n# wire bytes off: {f}" for f in flags)
                     if self.bar is not None:
                         with self.bar.external_write_mode():
-                            print(line, flush=True)
+                            say(line)
                     else:
-                        print(line, flush=True)
+                        say(line)
                 self.pending = []
 
     def close(self) -> None:
@@ -394,6 +394,6 @@ class Rank0Output:
                 record = self.probe_record = self.probe.finish()
                 self.writer.write(record)
                 if not self.config.quiet:
-                    print(overhead_line(record), flush=True)
+                    say(overhead_line(record))
         finally:
             self.writer.close()

@@ -223,15 +223,16 @@ def _train_rank(config: Any, device: str) -> list[dict]:
     rows = [dataclasses.asdict(s) for s in summaries]
     if rank0 and not config.quiet:
         from commbench.bench.probing import overhead_line
+        from commbench.bench.records import say
 
-        print(_title(config, rows[0]))
+        say(_title(config, rows[0]))
         if probe is not None:
-            print(probe.describe())
-        print(summary_table(rows), flush=True)
+            say(probe.describe())
+        say(summary_table(rows))
         flags = [f"{e['strategy']} epoch {e['epoch']}: {e['wire_check']}" for e in epochs if e["wire_check"]]
-        print("".join(f"# wire bytes off: {f}\n" for f in flags), end="")
+        say("".join(f"# wire bytes off: {f}\n" for f in flags), end="")
         if probe_record is not None:
-            print(overhead_line(probe_record), flush=True)
+            say(overhead_line(probe_record))
     if rank0 and config.plot_path:
         from commbench.bench.report import plot_training
 
