@@ -309,3 +309,15 @@ def test_the_companion_group_keeps_the_launch_timeout():
     without a timeout it took torch's 30 minutes, and a rank stuck on a silent peer there hung
     the run past --timeout."""
     assert run(_companion_timeout, (), LaunchSpec(world_size=2, timeout_s=7)) == {0: 7.0, 1: 7.0}
+
+
+def test_a_launch_leaves_nothing_in_the_temporary_directory():
+    """The elastic agent makes a directory per launch for its ranks' logs; it goes with the run."""
+    import tempfile
+
+    def agent_dirs() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
+
+    before = agent_dirs()
+    assert run(_companion_timeout, (), LaunchSpec(world_size=2, timeout_s=7)) == {0: 7.0, 1: 7.0}
+    assert agent_dirs() - before == set()

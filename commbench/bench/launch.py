@@ -200,7 +200,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
     if launched_externally():
         _adopt_slurm_env()
         return {int(os.environ["RANK"]): _rank_main(fn, args, spec, None)}
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -228,6 +228,9 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
             monitor_interval=0.1,
             start_method=starter.START_METHOD,
             local_addr="127.0.0.1",
+            # The agent's per-rank directories, in ours: by default it left an empty tree in the
+            # system's temporary directory at every launch.
+            logs_specs=DefaultLogsSpecs(log_dir=os.path.join(error_dir, "agent")),
         )
         try:
             starter.ready(spec.timeout_s)
