@@ -502,3 +502,25 @@ def test_a_sweep_whose_reader_leaves_early_runs_to_the_end(tmp_path):
     assert err == ""
     records = [json.loads(x) for x in path.read_text().splitlines()]
     assert sorted({r["size_bytes"] for r in records if r["type"] == "sweep"}) == [1024 << i for i in range(7)]
+
+
+def test_a_rank_whose_launcher_is_gone_says_so_in_one_line(tmp_path):
+    """RANK and WORLD_SIZE left in the environment (another job's launcher) make commbench one rank
+    of a job that never comes: after --timeout, one line naming the variables, no traceback."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    argv = ["sweep", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "-q", "--no-probe", "--timeout", "2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "commbench", *argv],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr[-2000:]
+    assert done.stderr.startswith("commbench: rank 0 failed: could not join the group of WORLD_SIZE=2 at ")

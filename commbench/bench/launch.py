@@ -199,7 +199,18 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
     """
     if launched_externally():
         _adopt_slurm_env()
-        return {int(os.environ["RANK"]): _rank_main(fn, args, spec, None)}
+        rank = int(os.environ["RANK"])
+        try:
+            return {rank: _rank_main(fn, args, spec, None)}
+        except dist.DistError as exc:  # most often variables left from another job's launcher
+            where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RankFailed(
+                rank,
+                f"could not join the group of WORLD_SIZE={external_world_size()} at {where} "
+                f"(RANK and WORLD_SIZE, or SLURM's variables, are set, so this process is taken "
+                f"for one rank of a launched job): {type(exc).__name__}: {first}",
+            ) from None
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
