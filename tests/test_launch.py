@@ -125,6 +125,12 @@ def test_rendezvous_event_names_match_torchs_own_helper():
     assert dynamic_rendezvous.get_method_name is launch._method_name
 
 
+def _python(code: str) -> subprocess.CompletedProcess:
+    """``code`` run by a fresh interpreter in the repository's root."""
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+
+
 def test_the_fork_servers_imports_leave_cuda_alone():
     """Ranks are forked from the server after its imports; CUDA touched there (even a device
     count) could not be used in the ranks. Checked in a fresh interpreter, as the server is."""
@@ -138,8 +144,7 @@ def test_the_fork_servers_imports_leave_cuda_alone():
         "for name in starter.PRELOAD: __import__(name)\n"
         "print(seen, torch.cuda.is_initialized())\n"
     )
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    done = _python(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "[] False"
 
@@ -291,8 +296,7 @@ def test_stop_signals_after_the_first_are_swallowed_by_a_python_handler():
         "    os.kill(os.getpid(), s)\n"
         "print('alive')\n"
     )
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    done = _python(code)
     expected = f"exit {128 + signal.SIGTERM}\nTrue\nalive\n"
     assert (done.returncode, done.stdout, done.stderr) == (0, expected, "")
 
