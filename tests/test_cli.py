@@ -179,7 +179,9 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
     [
         ("3\n", "not a JSON object"),
         ('{"type": "sweep"}\n', "without 'collective'"),
-        ("{oops\n", "not JSON Lines"),
+        ("{oops\n", "not JSON Lines: line 1, column 2: Expecting property name"),
+        ('{"type": "header"}\n\n{"type": "sweep"}\n{oops\n', "not JSON Lines: line 4, column 2"),
+        ('{"type": "header"}\n{"type": "sw', "line 2, column 10: Unterminated string starting at\n"),
         ("", "holds no sweep records"),
         ('{"type": "header", "command": "commbench sweep"}\n', "holds no sweep records"),
         ('{"type": "epoch", "strategy": "ring"}\n', "holds no sweep records"),

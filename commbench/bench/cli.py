@@ -286,7 +286,8 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not JSON Lines: {exc.msg} at line {exc.lineno}") from None
+        where = f"line {exc.lineno}, column {exc.colno}"
+        raise ValueError(f"{path} is not JSON Lines: {where}: {exc.msg}") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not JSON Lines: not UTF-8 text") from None
     bad = next((i for i, r in enumerate(records, 1) if not isinstance(r, dict)), None)

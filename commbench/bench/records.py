@@ -139,6 +139,15 @@ class RecordWriter:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Every object of a JSON Lines file, in order."""
+    """Every object of a JSON Lines file, in order; a JSONDecodeError gives the file's line."""
+    records = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:  # numbered within its line: renumber in the file
+                doc = "\n" * (number - 1) + line
+                raise json.JSONDecodeError(exc.msg, doc, exc.pos + number - 1) from None
+    return records
