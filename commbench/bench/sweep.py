@@ -13,14 +13,13 @@ import math
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from commbench import comm
 from commbench.bench.collectives import SPECS, algorithms_for, poison
-from commbench.bench.records import RecordWriter, SweepRecord, say
+from commbench.bench.records import RecordWriter, SweepRecord, check_distinct, say
 from commbench.comm.costmodel import cost
 from commbench.comm.ops import check_op, parse_dtype
 
@@ -73,12 +72,7 @@ class SweepConfig:
             raise ValueError(f"step bytes must be > 0, got {self.step_bytes}")
         if self.step_bytes is None and not (self.step_factor > 1 and math.isfinite(self.step_factor)):
             raise ValueError(f"step factor must be a finite number > 1, got {self.step_factor}")
-        if (
-            self.json_path
-            and self.csv_path
-            and Path(self.json_path).resolve() == Path(self.csv_path).resolve()
-        ):
-            raise ValueError(f"--json and --csv name the same file {self.json_path}")
+        check_distinct(json=self.json_path, csv=self.csv_path)
         if self.iters < 1:
             raise ValueError(f"iters must be >= 1, got {self.iters}")
         if self.warmup < 0:
