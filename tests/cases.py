@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ import torch.distributed as dist
 
 from commbench import comm
 from commbench.bench.collectives import SPECS, poison
-from commbench.comm import p2p, ring
+from commbench.comm import p2p, ring, tcp
 from commbench.comm.ops import DTYPES, OPS
 from commbench.comm.workspace import PLANS_KEPT
 
@@ -255,6 +256,35 @@ def _routes_off(case: dict[str, Any]) -> bool:
     return p2p.route(group, 1, 0) is group and bool(torch.all(tensor == 2))
 
 
+def _local_ccs(skip_port: int | None = None) -> list[str]:
+    """The congestion control of each of this rank's TCP connections within the host, but for
+    those to port ``skip_port`` (the test's own store, connected after the launch)."""
+    names = []
+    for sock in tcp._sockets():
+        with sock:
+            if tcp.is_local(sock) and sock.getpeername()[1] != skip_port:
+                names.append(tcp.congestion_control(sock))
+    return names
+
+
+def _congestion(case: dict[str, Any]) -> dict[str, Any]:
+    """Local connections after the launch; then, with ``force``, every one set to ``force`` by
+    hand before a fresh group's first collective, and after it."""
+    result: dict[str, Any] = {"after_launch": _local_ccs(case["store_port"])}
+    if case.get("force"):
+        group = dist.new_group()
+        for sock in tcp._sockets():
+            with sock:
+                if tcp.is_local(sock):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, case["force"].encode())
+        result["forced"] = _local_ccs()
+        tensor = torch.ones(10)
+        comm.all_reduce(tensor, algorithm="ring", group=group)
+        result["sum_ok"] = bool(torch.all(tensor == dist.get_world_size()))
+        result["after_first_call"] = _local_ccs()
+    return result
+
+
 def _plan_reuse(case: dict[str, Any]) -> list[str]:
     """One Workspace, many tensors: a kept schedule must never serve another tensor's call."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -300,4 +330,5 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "routes": _routes,
         "routes_off": _routes_off,
         "plan_reuse": _plan_reuse,
+        "congestion": _congestion,
     }[kind](body)

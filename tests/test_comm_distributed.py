@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from commbench.comm import ALGORITHMS
+from commbench.comm import ALGORITHMS, tcp
 from commbench.comm.costmodel import cost
 from commbench.comm.ops import DTYPES, OPS
 
@@ -158,6 +158,24 @@ def test_two_gloo_ranks_use_one_connection_per_direction(worlds, world_size):
 
 def test_duplex_can_be_turned_off_for_comparison(worlds):
     assert worlds(2).run(("routes_off", {})) == [True, True]
+
+
+def test_no_local_connection_of_a_rank_paces(worlds):
+    # where the kernel's default paces (BBR on the CI-class VM) the launch had all of them to switch
+    world = worlds(3)
+    for rank_result in world.run(("congestion", {"store_port": world.store.port})):
+        assert rank_result["after_launch"], "a rank of three has connections to its peers"
+        assert not any(tcp.paces(name) for name in rank_result["after_launch"]), rank_result
+
+
+def test_a_new_groups_paced_connections_are_switched_before_its_first_collective(worlds):
+    if "bbr" not in tcp.available():
+        pytest.skip("this kernel has no BBR to start the connections from")
+    world = worlds(3)
+    for rank_result in world.run(("congestion", {"force": "bbr", "store_port": world.store.port})):
+        assert set(rank_result["forced"]) == {"bbr"}, rank_result
+        assert rank_result["sum_ok"]
+        assert set(rank_result["after_first_call"]) == {tcp.UNPACED}, rank_result
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

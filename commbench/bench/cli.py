@@ -196,6 +196,9 @@ def sweep_config(args: argparse.Namespace) -> Any:
 
 def launch_spec(args: argparse.Namespace) -> Any:
     from commbench.bench import launch
+    from commbench.comm import tcp
+
+    tcp.setting()  # a bad $COMMBENCH_LOOPBACK_CC is refused before any rank starts
 
     if launch.launched_externally():
         world = launch.external_world_size()

@@ -205,7 +205,7 @@ class SendRecv(_Spec):
         if world == 1:
             b.output.copy_(b.input)
             return
-        p2p.enable_duplex(group)  # as the hand-written collectives do, so the limit stays comparable
+        p2p.prepare(group)  # as the hand-written collectives do, so the limit stays comparable
         n = b.input.numel()
         nseg = num_segments(n, b.input.element_size(), ring.SEGMENT_BYTES)
         units = [Unit(b.input[a:z], b.output[a:z]) for a, z in split(n, nseg)]

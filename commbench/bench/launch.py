@@ -125,7 +125,7 @@ def _rank_main(
             # Here, so that no timed or counted interval pays for its set-up. Its connections are
             # made in a C++ wait on the launcher's store, which a signal must end at once too: with
             # a handler the rank waited for the launcher to exit and printed the store's C++ error.
-            p2p.enable_duplex(None)
+            p2p.prepare(None)
             if error_dir is not None:
                 # Ctrl-C reaches every rank: leave quietly (finally-blocks still flush finished records).
                 # So does a closed terminal's SIGHUP: its default action skipped the exit's clean-up,

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from commbench.comm import tcp
+
 
 def _cpu_model() -> str:
     try:
@@ -83,6 +85,7 @@ def machine_info(backend: str | None = None) -> dict[str, Any]:
         "nccl": nccl,
         "cuda": torch.version.cuda,
         "gpus": _gpus(),
+        "tcp_congestion_control": tcp.summary(),
         "commit": _git_commit(),
         "command": _command(),
     }

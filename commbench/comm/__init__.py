@@ -178,7 +178,7 @@ def _prepare(
     requires grad is reduced in place, not refused half way through by one rank's kernel.
     """
     world = dist.get_world_size(group)
-    p2p.enable_duplex(group)  # every rank reaches this line, whatever its arguments
+    p2p.prepare(group)  # every rank reaches this line, whatever its arguments
     error: Exception | None = None
     try:
         tensor, size_bytes, op, root = validate()

@@ -15,6 +15,9 @@ rule both ends derive from the two ranks alone. On the 2-core
 CI-class machine the 2-rank ring went from 0.45-1.28 of gloo's own allreduce at 1-64 MiB to
 1.01-1.43 (docs/PERFORMANCE.md, "one connection per direction"; ``$COMMBENCH_GLOO_DUPLEX=0``
 turns it off for that comparison).
+
+:func:`prepare` readies a group once, before its first hand-written collective: the companion
+above, and the congestion control of local connections (:mod:`commbench.comm.tcp`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from commbench.comm import tcp
 
 Work = dist.Work
 
@@ -83,6 +88,26 @@ def enable_duplex(group: dist.ProcessGroup | None) -> None:
         companion,
         (dist.get_group_rank(companion, ranks[0]), dist.get_group_rank(companion, ranks[1])),
     )
+
+
+_PREPARED: set[dist.ProcessGroup] = set()
+
+
+def prepare(group: dist.ProcessGroup | None) -> None:
+    """Ready ``group``'s connections for the hand-written algorithms, once per group: a second
+    connection for two gloo ranks (:func:`enable_duplex`) and, on gloo, unpaced congestion
+    control on connections within this host (:mod:`commbench.comm.tcp`).
+
+    Every rank of ``group`` must call this at the same point the first time (it may create a
+    process group); later calls return at once.
+    """
+    key = _resolved(group)
+    if key in _PREPARED:
+        return
+    enable_duplex(group)
+    if dist.get_backend(group) == "gloo":
+        tcp.tune_local_connections()
+    _PREPARED.add(key)
 
 
 def _companion(group: dist.ProcessGroup | None):

@@ -173,7 +173,7 @@ class Bucketed(GradSync):
         if self.transport == "ring":
             # A group of its own: the ring thread never shares a channel with the main thread.
             group = dist.new_group(backend=dist.get_backend(), timeout=p2p.group_timeout(None))
-            p2p.enable_duplex(group)  # here on the main thread, where every rank creates groups
+            p2p.prepare(group)  # here on the main thread, where every rank creates groups
             self.ring = _RingThread(self.clock, group)
         self.before_backward()
         return model

@@ -1,0 +1,122 @@
+"""Congestion control of local connections (commbench.comm.tcp): the choice, and real sockets."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from commbench.comm import tcp
+
+
+@pytest.mark.parametrize(
+    ("current", "chosen", "expected"),
+    [
+        ("bbr", "auto", "reno"),
+        ("bbr3", "auto", "reno"),
+        ("cubic", "auto", None),
+        (None, "auto", None),
+        ("bbr", "keep", None),
+        ("cubic", "keep", None),
+        ("cubic", "cubic", None),
+        ("bbr", "cubic", "cubic"),
+        ("reno", "bbr", "bbr"),
+    ],
+)
+def test_what_a_local_connection_should_use(current, chosen, expected):
+    assert tcp.local_choice(current, chosen) == expected
+
+
+@pytest.mark.parametrize(
+    ("me", "peer", "local"),
+    [
+        (("127.0.0.1", 5), ("127.0.0.1", 6), True),
+        (("127.0.0.1", 5), ("127.0.1.1", 6), True),
+        (("10.0.0.1", 5), ("10.0.0.1", 6), True),  # two ranks bound to the host's own address
+        (("10.0.0.1", 5), ("10.0.0.2", 6), False),
+        (("::ffff:127.0.0.1", 5, 0, 0), ("::ffff:127.0.0.1", 6, 0, 0), True),
+        (("::1", 5, 0, 0), ("::1", 6, 0, 0), True),
+        (("fe80::1%eth0", 5, 0, 2), ("fe80::2%eth0", 6, 0, 2), False),
+        (("10.0.0.1", 5), ("not an address", 6), False),
+    ],
+)
+def test_which_connections_stay_on_the_host(me, peer, local):
+    assert tcp.same_host(me, peer) is local
+
+
+def test_the_setting_is_checked_against_what_the_kernel_has(monkeypatch):
+    monkeypatch.setattr(tcp, "available", lambda: ["reno", "cubic"])
+    assert tcp.setting({}) == "auto"
+    assert tcp.setting({tcp.CC_ENV: " "}) == "auto"
+    assert tcp.setting({tcp.CC_ENV: "keep"}) == "keep"
+    assert tcp.setting({tcp.CC_ENV: "cubic"}) == "cubic"
+    with pytest.raises(ValueError, match=r"COMMBENCH_LOOPBACK_CC='vegas'.*auto, keep or one of: reno, cubic"):
+        tcp.setting({tcp.CC_ENV: "vegas"})
+
+
+def test_the_summary_names_what_local_connections_use(monkeypatch):
+    monkeypatch.setattr(tcp, "system_default", lambda: "bbr")
+    monkeypatch.setattr(tcp, "available", lambda: ["reno", "bbr", "cubic"])
+    assert tcp.summary({}) == {"system": "bbr", "local_connections": "reno"}
+    assert tcp.summary({tcp.CC_ENV: "keep"}) == {"system": "bbr", "local_connections": "bbr"}
+    assert tcp.summary({tcp.CC_ENV: "cubic"}) == {"system": "bbr", "local_connections": "cubic"}
+    monkeypatch.setattr(tcp, "system_default", lambda: "cubic")
+    assert tcp.summary({}) == {"system": "cubic", "local_connections": "cubic"}
+
+
+@pytest.fixture
+def connection():
+    """Both ends of a TCP connection on 127.0.0.1, and a listening socket."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        with client, accepted:
+            yield client, accepted, server
+
+
+def _set_all(socks, name: str) -> None:
+    for sock in socks:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+        except (FileNotFoundError, PermissionError) as exc:
+            pytest.skip(f"cannot start a connection with {name} here: {exc}")
+
+
+def test_paced_local_connections_are_switched_once(connection):
+    client, accepted, server = connection
+    _set_all((client, accepted), "bbr")
+    assert tcp.is_local(client) and tcp.is_local(accepted) and not tcp.is_local(server)
+    changed = tcp.tune_local_connections({})
+    assert changed.get("reno", 0) >= 2  # this test's two ends (and any other paced one)
+    assert tcp.congestion_control(client) == tcp.congestion_control(accepted) == "reno"
+    assert tcp.tune_local_connections({}) == {}  # nothing paced is left
+
+
+def test_keep_leaves_them_and_a_name_sets_every_one(connection):
+    client, accepted, _ = connection
+    _set_all((client, accepted), "bbr")
+    assert tcp.tune_local_connections({tcp.CC_ENV: "keep"}) == {}
+    assert tcp.congestion_control(client) == "bbr"
+    tcp.tune_local_connections({tcp.CC_ENV: "reno"})
+    assert tcp.congestion_control(client) == tcp.congestion_control(accepted) == "reno"
+
+
+def test_udp_and_other_sockets_are_not_connections_to_tune():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp, socket.socket() as unconnected:
+        udp.connect(("127.0.0.1", 9))
+        assert not tcp.is_local(udp)
+        assert not tcp.is_local(unconnected)
+    a, b = socket.socketpair()
+    with a, b:
+        assert not tcp.is_local(a)
+
+
+def test_a_bad_setting_is_one_line_and_exit_2_before_any_rank_starts(monkeypatch, capsys):
+    from commbench.bench import cli
+
+    monkeypatch.setattr(tcp, "available", lambda: ["reno", "cubic"])
+    monkeypatch.setenv(tcp.CC_ENV, "vegas")
+    code = cli.main(["sweep", "-b", "1K", "-e", "1K", "--world-size", "2"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "COMMBENCH_LOOPBACK_CC='vegas'" in err
