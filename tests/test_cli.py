@@ -65,6 +65,10 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["sweep", "--json", "a" * 300 + ".jsonl"], "File name too long"),
         (["sweep", "--timeout", "1e12"], "<= 1e+07"),
         (["summary", "/nonexistent.jsonl"], "cannot read"),
+        (["sweep", "--probe-interval", "0"], "must be between 0.001 and 60 s, got 0"),
+        (["train", "--probe-interval", "1e6"], "must be between 0.001 and 60 s, got 1e6"),
+        (["compare", "--probe-interval", "nan"], "must be between"),
+        (["train", "--probe-interval", "often"], "'often' is not a number of seconds"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):

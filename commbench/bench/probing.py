@@ -46,6 +46,21 @@ def overhead_line(record: dict[str, Any]) -> str:
     )
 
 
+PROBE_INTERVAL_S = (0.001, 60.0)  # the sampler's interval: from 1 ms to a minute
+
+
+def probe_interval(text: str) -> float:
+    """``--probe-interval``: seconds within :data:`PROBE_INTERVAL_S` (checked before any rank starts)."""
+    low, high = PROBE_INTERVAL_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not low <= value <= high:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g} s, got {text}")
+    return value
+
+
 def add_probe_args(p: argparse.ArgumentParser, counted: str) -> None:
     """``--no-probe`` and ``--probe-interval``; ``counted`` says what the byte count runs around."""
     p.add_argument(
@@ -54,5 +69,8 @@ def add_probe_args(p: argparse.ArgumentParser, counted: str) -> None:
         help=f"skip the probes: interface bytes counted around {counted}, and the rank-0 sampler",
     )
     p.add_argument(
-        "--probe-interval", type=float, default=0.1, help="sampler interval in seconds (default 0.1)"
+        "--probe-interval",
+        type=probe_interval,
+        default=0.1,
+        help="sampler interval in seconds, 0.001 to 60 (default 0.1)",
     )
