@@ -271,6 +271,31 @@ def test_summary_across_runs_gives_mean_range_and_counts_under(tmp_path, capsys)
     assert rows == ["| 1024 | 1.10 [0.80, 1.30] (1, 1 of 3) |", "| 2048 | 0.95 [0.85, 1.05] (1, 2 of 3) |"]
 
 
+def test_summary_of_a_send_recv_sweep_shows_its_bandwidth(tmp_path, capsys):
+    rows = [{"type": "header", "command": "commbench sweep --collective sendrecv"}]
+    for size, bw in ((1024, 0.5), (2048, 0.75)):
+        rows.append(
+            {
+                "type": "sweep",
+                "collective": "sendrecv",
+                "algorithm": "p2p",
+                "world_size": 2,
+                "backend": "gloo",
+                "dtype": "float32",
+                "size_bytes": size,
+                "busbw_gbps": bw,
+                "busbw_ratio_to_builtin": None,
+                "frac_of_limit": 1.0,
+            }
+        )
+    path = tmp_path / "p2p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "sendrecv, 2 ranks" in out and "no sweep records" not in out
+    assert "| 1024 | 0.500 |" in out and "| 2048 | 0.750 |" in out
+
+
 def test_summary_across_refuses_runs_of_different_sweeps(tmp_path, capsys):
     a = _run_file(tmp_path / "a.jsonl", 2, {1024: 1.0})
     b = _run_file(tmp_path / "b.jsonl", 4, {1024: 1.0})

@@ -80,7 +80,12 @@ def plot_busbw(records: Sequence[dict[str, Any]], path: str, title: str = "") ->
 
 def ratio_table(records: Sequence[dict[str, Any]]) -> str:
     """Markdown table per size: each algorithm's busbw ratio to builtin, and to the limit."""
-    rows = [r for r in records if r.get("type") == "sweep" and r["collective"] != "sendrecv"]
+    sweep = [r for r in records if r.get("type") == "sweep"]
+    rows = [r for r in sweep if r["collective"] != "sendrecv"]
+    if not rows and sweep:  # a sweep of send/recv alone: its bandwidth is all there is to show
+        lines = ["| size (B) | p2p busbw (GB/s) |", "|---|---|"]
+        lines += [f"| {r['size_bytes']} | {_cell(r.get('busbw_gbps'), '.3f')} |" for r in sweep]
+        return "\n".join(lines)
     if not rows:
         return "(no sweep records)"
     algos = list(dict.fromkeys(r["algorithm"] for r in rows))
