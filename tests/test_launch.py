@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from commbench.bench import starter
 from commbench.bench.launch import LaunchSpec, RankFailed, run
 
 
@@ -325,3 +326,24 @@ def test_a_launch_leaves_nothing_in_the_temporary_directory():
     before = agent_dirs()
     assert run(_companion_timeout, (), LaunchSpec(world_size=2, timeout_s=7)) == {0: 7.0, 1: 7.0}
     assert agent_dirs() - before == set()
+
+
+def test_the_fork_servers_hook_is_silent_only_when_the_launcher_went_first(capsys):
+    def raised(exc: BaseException) -> tuple:
+        try:
+            raise exc
+        except BaseException as caught:
+            return type(caught), caught, caught.__traceback__
+
+    for gone in (FileNotFoundError(2, "No such file or directory"), EOFError(), BrokenPipeError()):
+        starter.quiet_if_launcher_gone(*raised(gone))
+        assert capsys.readouterr().err == ""
+    starter.quiet_if_launcher_gone(*raised(ValueError("a real start-up error")))
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and "ValueError: a real start-up error" in err
+
+
+def test_the_fork_server_reports_start_up_errors_through_that_hook():
+    hook = "commbench.bench.starter.quiet_if_launcher_gone"
+    code = f"import sys, commbench.bench.rankhost, commbench.bench.starter\nprint(sys.excepthook is {hook})"
+    assert _python(code).stdout.strip() == "True"

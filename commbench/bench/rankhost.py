@@ -7,11 +7,18 @@ Ctrl-C again on its own, and each rank it forks starts from the default action s
 the rank installs its own handlers (commbench.bench.launch). The server starts with SIGHUP
 ignored too (for the sake of multiprocessing's resource tracker, started beside it); here it
 gets its default action back, for the server and its ranks.
+
+A rank forked at the moment of a stop may find its launcher gone before it has read its start-up
+data; the error that follows is not printed (:func:`commbench.bench.starter.quiet_if_launcher_gone`).
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 
+from commbench.bench import starter
+
+sys.excepthook = starter.quiet_if_launcher_gone
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 signal.signal(signal.SIGHUP, signal.SIG_DFL)

@@ -28,9 +28,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 START_METHOD = "forkserver"
 PRELOAD = ("commbench.bench.rankhost", "torch", "torch.distributed", "commbench.bench.launch")
@@ -54,6 +56,24 @@ AGENT_VARIABLES = frozenset(
 READY_MIN_S = 60.0  # the least a launch waits for the server's imports (torch: ~3 s here)
 
 _ready: set[int] = set()  # servers (pids) known to have finished their imports
+
+
+# What a rank forked at the moment its launcher stops meets while it reads its start-up data: the
+# launcher has already removed a semaphore the data names, or closed the pipe it comes through.
+LAUNCHER_GONE = (FileNotFoundError, EOFError, ConnectionError)
+
+
+def quiet_if_launcher_gone(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    """``sys.excepthook`` of the fork server (set by :mod:`commbench.bench.rankhost`).
+
+    A child the server forks reports an error in its start-up through it, before any rank code
+    runs (a rank's own errors are handled by the rank). For errors that mean the launcher went
+    away first, say nothing: the launcher is stopping and has its own one line to print, and
+    the child's exit status still says that it failed. Anything else is printed as usual.
+    """
+    if issubclass(kind, LAUNCHER_GONE):
+        return
+    sys.__excepthook__(kind, value, tb)
 
 
 class ServerNotReady(RuntimeError):
