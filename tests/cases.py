@@ -259,12 +259,7 @@ def _routes_off(case: dict[str, Any]) -> bool:
 def _local_ccs(skip_port: int | None = None) -> list[str]:
     """The congestion control of each of this rank's TCP connections within the host, but for
     those to port ``skip_port`` (the test's own store, connected after the launch)."""
-    names = []
-    for sock in tcp._sockets():
-        with sock:
-            if tcp.is_local(sock) and sock.getpeername()[1] != skip_port:
-                names.append(tcp.congestion_control(sock))
-    return names
+    return [tcp.congestion_control(s) for s in tcp.local_connections() if s.getpeername()[1] != skip_port]
 
 
 def _congestion(case: dict[str, Any]) -> dict[str, Any]:
@@ -273,10 +268,8 @@ def _congestion(case: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"after_launch": _local_ccs(case["store_port"])}
     if case.get("force"):
         group = dist.new_group()
-        for sock in tcp._sockets():
-            with sock:
-                if tcp.is_local(sock):
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, case["force"].encode())
+        for sock in tcp.local_connections():
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, case["force"].encode())
         result["forced"] = _local_ccs()
         tensor = torch.ones(10)
         comm.all_reduce(tensor, algorithm="ring", group=group)

@@ -138,6 +138,15 @@ def _sockets() -> Iterator[socket.socket]:
         yield sock
 
 
+def local_connections() -> Iterator[socket.socket]:
+    """A duplicate of each connected TCP socket of this process whose peer is on this host;
+    each is closed when the next is taken."""
+    for sock in _sockets():
+        with sock:
+            if is_local(sock):
+                yield sock
+
+
 def tune_local_connections(environ: dict[str, str] | None = None) -> dict[str, int]:
     """Apply the setting to every local TCP connection of this process; return how many
     connections were changed, by the name each now uses. Idempotent."""
@@ -145,21 +154,18 @@ def tune_local_connections(environ: dict[str, str] | None = None) -> dict[str, i
     changed: dict[str, int] = {}
     if chosen == KEEP or not hasattr(socket, "TCP_CONGESTION"):
         return changed
-    for sock in _sockets():
-        with sock:
-            try:
-                if not is_local(sock):
-                    continue
-                new = local_choice(congestion_control(sock), chosen)
-                if new is None:
-                    continue
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, new.encode())
-            except PermissionError:
-                allowed = _read("tcp_allowed_congestion_control")
-                raise ValueError(
-                    f"${CC_ENV}={new!r}: this user may not choose it (allowed: {allowed or 'unknown'})"
-                ) from None
-            except OSError:  # closed meanwhile
+    for sock in local_connections():
+        try:
+            new = local_choice(congestion_control(sock), chosen)
+            if new is None:
                 continue
-            changed[new] = changed.get(new, 0) + 1
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, new.encode())
+        except PermissionError:
+            allowed = _read("tcp_allowed_congestion_control")
+            raise ValueError(
+                f"${CC_ENV}={new!r}: this user may not choose it (allowed: {allowed or 'unknown'})"
+            ) from None
+        except OSError:  # closed meanwhile
+            continue
+        changed[new] = changed.get(new, 0) + 1
     return changed
