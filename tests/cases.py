@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
+import weakref
 from typing import Any
 
 import torch
@@ -278,6 +280,25 @@ def _congestion(case: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _freed(case: dict[str, Any]) -> dict[str, Any]:
+    """A group the hand-written algorithms used (prepared, with a companion at two ranks) is freed
+    once destroyed: commbench's tables must not keep it, or its gloo threads, until the exit."""
+    group = dist.new_group()
+    tensor = torch.ones(10)
+    comm.all_reduce(tensor, algorithm="ring", group=group)
+    entry = p2p._companion(group)
+    groups = [group] + ([entry[0]] if entry else [])
+    refs = [weakref.ref(g) for g in groups]
+    while groups:  # both, as destroy_process_group() does at the end of a run
+        dist.destroy_process_group(groups.pop())
+    del group, entry
+    gc.collect()
+    return {
+        "sum_ok": bool(torch.all(tensor == dist.get_world_size())),
+        "alive": [r() is not None for r in refs],
+    }
+
+
 def _plan_reuse(case: dict[str, Any]) -> list[str]:
     """One Workspace, many tensors: a kept schedule must never serve another tensor's call."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -324,4 +345,5 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "routes_off": _routes_off,
         "plan_reuse": _plan_reuse,
         "congestion": _congestion,
+        "freed": _freed,
     }[kind](body)

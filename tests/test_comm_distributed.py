@@ -179,5 +179,12 @@ def test_a_new_groups_paced_connections_are_switched_before_its_first_collective
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
+def test_a_destroyed_group_is_freed_not_kept_until_the_exit(worlds, world_size):
+    for rank_result in worlds(world_size).run(("freed", {})):
+        assert rank_result["sum_ok"], rank_result
+        assert rank_result["alive"] == [False] * (1 + (world_size == 2)), rank_result
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
 def test_kept_schedules_serve_only_their_own_tensors(worlds, world_size):
     assert worlds(world_size).run(("plan_reuse", {})) == [[]] * world_size

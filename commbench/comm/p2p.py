@@ -23,6 +23,7 @@ above, and the congestion control of local connections (:mod:`commbench.comm.tcp
 from __future__ import annotations
 
 import os
+import weakref
 from datetime import timedelta
 
 import torch
@@ -49,8 +50,13 @@ def _needs_batching(group: dist.ProcessGroup | None) -> bool:
 
 
 DUPLEX_ENV = "COMMBENCH_GLOO_DUPLEX"
-# group -> (its reverse-direction companion, the companion's rank of group ranks 0 and 1)
-_COMPANIONS: dict[dist.ProcessGroup, tuple[dist.ProcessGroup, tuple[int, int]]] = {}
+# group -> (its reverse-direction companion, the companion's rank of group ranks 0 and 1). Weak,
+# as is _PREPARED: a group kept alive past destroy_process_group was freed at the interpreter's
+# exit, where its gloo threads could end the rank with SIGABRT ("terminate called without an
+# active exception") after its work was done.
+_COMPANIONS: weakref.WeakKeyDictionary[dist.ProcessGroup, tuple[dist.ProcessGroup, tuple[int, int]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _resolved(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
@@ -90,7 +96,7 @@ def enable_duplex(group: dist.ProcessGroup | None) -> None:
     )
 
 
-_PREPARED: set[dist.ProcessGroup] = set()
+_PREPARED: weakref.WeakSet[dist.ProcessGroup] = weakref.WeakSet()
 
 
 def prepare(group: dist.ProcessGroup | None) -> None:
