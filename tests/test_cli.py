@@ -477,6 +477,46 @@ def test_ctrl_c_while_the_ranks_start_ends_them_at_once(tmp_path):
     assert alive == []
 
 
+SLOW_FORK = """
+import sys
+from commbench.bench import cli, starter
+
+if __name__ == "__main__":
+    starter.PRELOAD = (*starter.PRELOAD, "tests.slow_fork")
+    argv = ["sweep", "-b", "4K", "-e", "4K", "-n", "100000000", "-w", "1", "-q", "--no-probe"]
+    sys.exit(cli.main([*argv, "--json", sys.argv[1]]))
+"""
+
+
+def test_ctrl_c_the_moment_a_rank_is_forked_is_not_lost(tmp_path):
+    """A Ctrl-C (and the launcher's SIGINT after it) reaching a rank before it has restored the
+    signal dispositions its fork server changed still ends it, at once (tests/slow_fork.py makes
+    that moment a second long)."""
+    from multiprocessing import forkserver
+
+    assert callable(getattr(forkserver, "_serve_one", None)), "the moment to widen is gone"
+    script = tmp_path / "slow_fork.py"
+    script.write_text(SLOW_FORK)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "r.jsonl")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    top = psutil.Process(proc.pid)
+    ranks = _wait_for(lambda: _ranks(top), 2)
+    start = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    took = time.monotonic() - start
+    assert proc.returncode == 130 and err.count("\n") == 1 and err.startswith("commbench: interrupted"), err
+    assert took < 20, took  # a lost signal: the launcher's 30 s grace, then SIGKILL
+    assert psutil.wait_procs(ranks, timeout=30)[1] == []
+
+
 def _cmdline(proc: psutil.Process) -> list[str]:
     try:
         return proc.cmdline()

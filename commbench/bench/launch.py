@@ -108,6 +108,7 @@ def _rank_main(
         # inside the rendezvous' C++ waits, which a Python handler would sit out.
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)
+        unblock_stop()
     try:
         torch.set_num_threads(_threads())
         device = torch.device(spec.device)
@@ -150,6 +151,12 @@ def _rank_main(
             # rank's error is likely that peer's lost connection: it ends a moment after the peer.
             time.sleep(FAILED_RANK_LINGER_S)
         raise SystemExit(1) from None
+
+
+def unblock_stop() -> None:
+    """Let this rank receive the stop signals that its fork server held blocked for it; one that
+    reached it while blocked (a Ctrl-C the moment it was forked) acts now."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))
 
 
 def _threads() -> int:

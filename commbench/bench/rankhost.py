@@ -3,8 +3,9 @@
 The server starts with Ctrl-C ignored, so that one arriving while its interpreter starts prints
 no traceback. Here, before it imports torch, Ctrl-C gets its default action: during those
 seconds it ends the server at once and quietly. Once its imports are done the server ignores
-Ctrl-C again on its own, and each rank it forks starts from the default action set here, until
-the rank installs its own handlers (commbench.bench.launch). The server starts with SIGHUP
+Ctrl-C again on its own and holds it blocked (:mod:`commbench.bench.rankgate`); each rank it
+forks gets the default action set here back, and the signal unblocked, before it installs its
+own handlers (commbench.bench.launch). The server starts with SIGHUP
 ignored too (for the sake of multiprocessing's resource tracker, started beside it); here it
 gets its default action back, for the server and its ranks.
 

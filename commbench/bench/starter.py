@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import Any
 
 START_METHOD = "forkserver"
-PRELOAD = ("commbench.bench.rankhost", "torch", "torch.distributed", "commbench.bench.launch")
+PRELOAD = (
+    "commbench.bench.rankhost",
+    "torch",
+    "torch.distributed",
+    "commbench.bench.launch",
+    "commbench.bench.rankgate",  # last: it holds Ctrl-C for the ranks
+)
 # What the elastic agent sets for every rank it starts (LocalElasticAgent), besides TORCHELASTIC_*.
 AGENT_VARIABLES = frozenset(
     {
