@@ -50,23 +50,23 @@ def test_classify_frames():
     assert stacks == [(["a (x.py:1)", "b (y.py:2)"], 7), (["c (z.py:3)"], 2)]
 
 
-SPAWNED = ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"]
 FORK_SERVER = ["python", "-c", "from multiprocessing.forkserver import main; main(3, 5, ['torch'])"]
 
 
 class _Proc:
-    """Enough of psutil.Process for rank discovery: by default, a launcher's spawned child."""
+    """Enough of psutil.Process for rank discovery: by default, a child of the fork server."""
 
-    def __init__(
-        self, pid: int, ppid: int, env: dict[str, str] | None = None, cmd: list[str] = SPAWNED
-    ) -> None:
-        self.pid, self._ppid, self._env, self._cmd = pid, ppid, env or {}, cmd
+    def __init__(self, pid: int, ppid: int, env: dict[str, str] | None = None, name: str = "python") -> None:
+        self.pid, self._ppid, self._env, self._name = pid, ppid, env or {}, name
+
+    def name(self) -> str:
+        return self._name
 
     def environ(self) -> dict[str, str]:
         return self._env
 
     def cmdline(self) -> list[str]:
-        return ["lscpu"] if self._env else self._cmd
+        return ["lscpu"] if self._env else FORK_SERVER
 
     def ppid(self) -> int:
         return self._ppid
@@ -80,37 +80,34 @@ class _Top:
         return self.kids
 
 
-def test_a_rank_seen_late_still_gets_its_own_number(tmp_path):
-    top, spawned = _Top(), {}
-    top.kids = [_Proc(201, 7)]  # rank 1 shows up first (rank 0 not yet readable)
-    assert profile._discover(top, 7, spawned) == {201: 0}
-    # a grandchild is no rank, not even a tool a rank runs, which inherits the rank's RANK
-    tool = _Proc(301, 200, {"RANK": "0", "LOCAL_RANK": "0"})
-    top.kids = [_Proc(200, 7), _Proc(201, 7), _Proc(300, 201), tool]
-    assert profile._discover(top, 7, spawned) == {200: 0, 201: 1}
-    assert profile._spawned_ranks(spawned) == {200: 0, 201: 1}
-    raw, log = tmp_path / "rank0-pid201.txt", tmp_path / "rank0-pid201.log"
-    raw.write_text("stacks")
-    rec = profile._Recorder(rank=0, pid=201, raw=raw, proc=None, native=False, log=log)
-    moved = profile._renumbered(rec, 1)
-    assert (moved.rank, moved.raw.name, moved.log.name) == (1, "rank1-pid201.txt", "rank1-pid201.log")
-    assert moved.raw.read_text() == "stacks" and not raw.exists()
+def test_ranks_are_found_by_the_name_the_launcher_gives_them():
+    """The fork server's children are ranks once they carry their rank's name: not the server,
+    its readiness probe, a rank not yet named, the resource tracker or what a rank runs."""
+    top = _Top()
+    tracker = _Proc(99, 7)
+    server, probe = _Proc(100, 7), _Proc(101, 100)
+    tool = _Proc(301, 102, {"RANK": "0", "LOCAL_RANK": "0"})  # inherits the rank's environment
+    worker = _Proc(302, 102, name="commbench-r0")  # forked by rank 0: inherits its name
+    top.kids = [tracker, server, probe, _Proc(102, 100, name="commbench-r0"), _Proc(103, 100), tool, worker]
+    assert profile._discover(top, 7) == {102: 0}  # rank 1 not yet named
+    top.kids[4] = _Proc(103, 100, name="commbench-r1")
+    assert profile._discover(top, 7) == {102: 0, 103: 1}
+    # under torchrun (the emulated cluster's hosts) a rank has RANK and LOCAL_RANK, its agent too
+    agent = _Proc(500, 7, {"RANK": "0", "LOCAL_RANK": "0"})
+    agent.cmdline = lambda: ["python", "-m", "torch.distributed.run", "-m", "commbench"]
+    top.kids = [agent, _Proc(501, 500, {"RANK": "2", "LOCAL_RANK": "0"})]
+    assert profile._discover(top, 7) == {501: 2}
 
 
-def test_ranks_forked_by_the_launchers_fork_server_are_found_in_order():
-    """The launcher's ranks are its fork server's children (same command line as the server); the
-    server, the resource tracker and what a rank runs are no ranks."""
-    top, spawned = _Top(), {}
-    tracker = _Proc(99, 7, cmd=["python", "-c", "from multiprocessing.resource_tracker import main;main(3)"])
-    server = _Proc(100, 7, cmd=FORK_SERVER)
-    tool = _Proc(301, 102, {"RANK": "1", "LOCAL_RANK": "1"})
-    top.kids = [tracker, server, _Proc(102, 100, cmd=FORK_SERVER), tool]
-    assert profile._discover(top, 7, spawned) == {102: 0}  # rank 0 not yet readable
-    top.kids = [tracker, server, _Proc(101, 100, cmd=FORK_SERVER), _Proc(102, 100, cmd=FORK_SERVER), tool]
-    assert profile._discover(top, 7, spawned) == {101: 0, 102: 1}
-    # a fork server deeper down (one a rank started) is no launcher's: its children are no ranks
-    top.kids += [_Proc(400, 101, cmd=FORK_SERVER), _Proc(401, 400, cmd=FORK_SERVER)]
-    assert profile._discover(top, 7, {}) == {101: 0, 102: 1}
+def test_a_rank_names_itself_as_profile_reads_it():
+    from commbench.bench import starter
+
+    code = "from commbench.bench import starter\nimport psutil\n"
+    code += "starter.name_rank('12')\nprint(psutil.Process().name())"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    name = done.stdout.strip()
+    assert name == "commbench-r12" and starter.RANK_NAME.fullmatch(name).group(1) == "12"
 
 
 def test_two_rank_profile(py_spy, tmp_path):

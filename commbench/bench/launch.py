@@ -104,6 +104,7 @@ def _rank_main(
     ``env`` is the launcher's environment change for a rank forked from the fork server."""
     if error_dir is not None:
         starter.take_environment(env)
+        starter.name_rank(os.environ.get("RANK", "?"))
         # Until the group is joined there is nothing to flush: a signal ends the rank at once, even
         # inside the rendezvous' C++ waits, which a Python handler would sit out.
         for signum in STOP_SIGNALS:

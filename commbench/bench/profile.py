@@ -1,10 +1,11 @@
 """``commbench profile -- <command>``: sample every rank of a commbench run with py-spy.
 
-The inner command runs as ``python -m commbench ...``; as its ranks appear (the processes the
-launcher's fork server forks, or processes with RANK in their environment under torchrun and the
-emulated cluster) one ``py-spy record`` attaches to each and writes its collapsed stacks. Each rank's main
-thread is then split into communication, compute and elsewhere by the frames on its stacks, and
-the profile is also written in the format asked for (speedscope JSON or a flame graph SVG).
+The inner command runs as ``python -m commbench ...``; as its ranks appear (the processes
+commbench's launcher names ``commbench-r<rank>``, or processes with RANK in their environment
+under torchrun and the emulated cluster) one ``py-spy record`` attaches to each and writes its
+collapsed stacks. Each rank's main thread is then split into communication, compute and
+elsewhere by the frames on its stacks, and the profile is also written in the format asked for
+(speedscope JSON or a flame graph SVG).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from commbench.bench import signals
+from commbench.bench import signals, starter
 
 FORMATS = ("speedscope", "flamegraph")
 CATEGORIES = ("communication", "compute", "elsewhere")
@@ -176,101 +177,44 @@ def check_py_spy(py_spy: str | None) -> None:
 
 
 def _rank_of(proc: Any, top_pid: int) -> int | None:
-    """The rank a process runs, or None if it is no rank (launcher, agent, resource tracker)."""
+    """The rank a process runs, or None if it is no rank (launcher, agent, fork server, resource
+    tracker, the fork server's readiness probe) or not yet known as one (a rank just forked)."""
     import psutil
 
     try:
         if proc.pid == top_pid:
             return None
+        if m := starter.RANK_NAME.fullmatch(proc.name()):  # a rank of commbench's own launcher
+            return int(m.group(1))
         env = proc.environ()
-        if "RANK" in env and "LOCAL_RANK" in env:
+        if "RANK" in env and "LOCAL_RANK" in env:  # a rank torchrun started, as the cluster's hosts do
             cmd = " ".join(proc.cmdline())
             if "torch.distributed.run" in cmd or "torchrun" in cmd:
                 return None
             return int(env["RANK"])
-        cmd = " ".join(proc.cmdline())
     except (psutil.Error, ValueError):
         return None
-    if _started_by_launcher(cmd):
-        return -1  # numbered by pid order among its siblings, if its parent is a launcher's (_discover)
     return None
 
 
-def _started_by_launcher(cmd: str) -> bool:
-    """Whether a command line is that of a process multiprocessing started: a spawned process, a
-    fork server, or a process the fork server forked (it keeps the server's command line)."""
-    return ("spawn_main" in cmd or "multiprocessing.forkserver" in cmd) and "resource_tracker" not in cmd
-
-
-def _fork_servers(children: list[Any], top_pid: int) -> set[int]:
-    """The fork servers among the top process' own children: their children are its ranks."""
-    import psutil
-
-    found = set()
-    for c in children:
-        try:
-            if c.ppid() == top_pid and "multiprocessing.forkserver" in " ".join(c.cmdline()):
-                found.add(c.pid)
-        except psutil.Error:
-            continue
-    return found
-
-
-def _discover(top: Any, top_pid: int, spawned: dict[int, set[int]]) -> dict[int, int]:
-    """{pid: rank} for the rank processes under ``top`` right now.
-
-    ``spawned`` collects, across calls, the launcher's started children by parent; they are
-    numbered by pid among all seen so far (:func:`_spawned_ranks`). A child seen late can shift
-    its siblings' numbers, which is why the recorders are renumbered when the run ends."""
+def _discover(top: Any, top_pid: int) -> dict[int, int]:
+    """{pid: rank} for the rank processes under ``top`` right now."""
     import psutil
 
     try:
         children = top.children(recursive=True)
     except psutil.Error:
         return {}
-    servers = _fork_servers(children, top_pid)
-    candidates: dict[int, tuple[int, int]] = {}  # pid -> (rank or -1, parent pid)
+    candidates: dict[int, tuple[int, int]] = {}  # pid -> (rank, parent pid)
     for c in children:
-        if c.pid in servers:
-            continue
         rank = _rank_of(c, top_pid)
         try:
             if rank is not None:
                 candidates[c.pid] = (rank, c.ppid())
         except psutil.Error:
             continue
-    found: dict[int, int] = {}
-    for pid, (rank, parent) in candidates.items():
-        if parent in candidates:  # a rank's own child (a tool it runs) inherits RANK: no rank
-            continue
-        if rank >= 0:
-            found[pid] = rank
-        elif parent == top_pid or parent in servers:
-            # The launcher runs in the top process: its ranks are the processes it spawned or its
-            # fork server forked; deeper ones are not.
-            spawned.setdefault(parent, set()).add(pid)
-    alive = {c.pid for c in children}
-    for pid, rank in _spawned_ranks(spawned).items():
-        if pid in alive:
-            found.setdefault(pid, rank)
-    return found
-
-
-def _spawned_ranks(spawned: dict[int, set[int]]) -> dict[int, int]:
-    """The launcher starts its ranks in order, so among one parent's children pid order is rank order."""
-    return {pid: i for pids in spawned.values() for i, pid in enumerate(sorted(pids))}
-
-
-def _renumbered(rec: _Recorder, rank: int) -> _Recorder:
-    """``rec`` under its final rank, its files renamed to match."""
-    moved = {}
-    for name in ("raw", "log"):
-        path: Path = getattr(rec, name)
-        target = path.with_name(path.name.replace(f"rank{rec.rank}-", f"rank{rank}-", 1))
-        if path.exists():
-            path.rename(target)
-        moved[name] = target
-    return dataclasses.replace(rec, rank=rank, **moved)
+    # A rank's own child (a tool it runs, a worker it forks) inherits its RANK or its name: no rank.
+    return {pid: rank for pid, (rank, parent) in candidates.items() if parent not in candidates}
 
 
 def _record_cmd(py_spy: str, pid: int, rate: int, native: bool, out: Path) -> list[str]:
@@ -302,16 +246,13 @@ def profile_command(
     import psutil
 
     out = Path(config.out_dir)
-    # Forked ranks are numbered by pid order, which is start order only if they start one by one.
-    env = {**os.environ, "TORCH_MP_PARALLEL_START": "0"}
     command = [sys.executable, "-m", "commbench", *config.inner]
-    inner = subprocess.Popen(command, start_new_session=True, env=env)
+    inner = subprocess.Popen(command, start_new_session=True)
     top = psutil.Process(inner.pid)
     recorders: dict[int, _Recorder] = {}
-    spawned: dict[int, set[int]] = {}
     try:
         while inner.poll() is None and not stop:
-            for pid, rank in _discover(top, inner.pid, spawned).items():
+            for pid, rank in _discover(top, inner.pid).items():
                 if pid not in recorders:
                     recorders[pid] = _start(py_spy, config, out, rank, pid, config.native)
             for pid, rec in list(recorders.items()):  # --native unsupported: again without it
@@ -332,9 +273,6 @@ def profile_command(
                 except subprocess.TimeoutExpired:
                     rec.proc.kill()
                     rec.proc.wait()
-        for pid, rank in _spawned_ranks(spawned).items():
-            if pid in recorders and recorders[pid].rank != rank:
-                recorders[pid] = _renumbered(recorders[pid], rank)
     return inner.returncode, sorted(recorders.values(), key=lambda r: r.rank)
 
 

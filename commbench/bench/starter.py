@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -59,6 +60,9 @@ AGENT_VARIABLES = frozenset(
     }
 )
 
+# What a rank of this launcher is called (its /proc comm, as ps and top show it), so that tools
+# such as commbench profile tell it from the server's other children (the readiness probe).
+RANK_NAME = re.compile(r"commbench-r(\d+)")
 READY_MIN_S = 60.0  # the least a launch waits for the server's imports (torch: ~3 s here)
 
 _ready: set[int] = set()  # servers (pids) known to have finished their imports
@@ -191,6 +195,13 @@ def _ignored(signums: tuple[int, ...]) -> Iterator[None]:
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+def name_rank(rank: str) -> None:
+    """Name this process after its rank (:data:`RANK_NAME`); where /proc cannot be written it
+    keeps its name."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text(f"commbench-r{rank}"[:15])
 
 
 def environment_change() -> tuple[dict[str, str], dict[str, str]] | None:
