@@ -110,3 +110,34 @@ def test_closed_form_matches_reducing_the_patterns(op, world):
         "prod": inputs.prod(0),
     }[op]
     assert torch.equal(reduced_pattern(world, 23, op, torch.float64, torch.device("cpu")), direct)
+
+
+def test_the_series_take_turns_at_running_first(tmp_path, monkeypatch):
+    """No series always runs first after the barrier, or always right after the same other one."""
+    import torch.distributed as dist
+
+    from commbench.bench import collectives, sweep
+
+    ran: list[str] = []
+    for spec in (collectives.SPECS["all_reduce"], collectives.SPECS["sendrecv"]):
+        real = spec.run
+        monkeypatch.setattr(
+            spec, "run", lambda b, algo, *a, _real=real: ran.append(algo) or _real(b, algo, *a)
+        )
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        config = SweepConfig(
+            algorithms=("builtin", "naive"),
+            min_bytes=1024,
+            max_bytes=1024,
+            iters=2,
+            warmup=1,
+            probe=False,
+            check=False,
+        )
+        sweep.run_rank(config, "cpu", lambda kind, payload: None)
+    finally:
+        dist.destroy_process_group()
+    series = [s if s != LIMIT else "p2p" for s in config.series]
+    assert len(series) == 3
+    assert ran == [*series, *series[1:], series[0], series[2], *series[:2]]

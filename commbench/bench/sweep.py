@@ -1,8 +1,9 @@
 """The sweep driver: one loop for every collective and algorithm (see ``collectives.SPECS``).
 
 At each size the algorithms are interleaved iteration by iteration, so they all see the same
-machine conditions; the transport's limit (a segmented bidirectional send/recv between ring
-neighbours) is measured in the same loop. Every iteration starts from the same input, after a
+machine conditions, in an order that rotates from one iteration to the next (:func:`rotated`);
+the transport's limit (a segmented bidirectional send/recv between ring neighbours) is measured
+in the same loop. Every iteration starts from the same input, after a
 barrier, outside the timed region; an iteration's time is the slowest rank's.
 """
 
@@ -131,6 +132,13 @@ def stats_us(times_s: list[float]) -> dict[str, float]:
     }
 
 
+def rotated(series: tuple[str, ...], it: int) -> tuple[str, ...]:
+    """The order of the series in iteration ``it``: each starts it in turn, so that none always
+    runs first after the barrier, or always right after the same other series."""
+    k = it % len(series) if series else 0
+    return series[k:] + series[:k]
+
+
 class _Timer:
     """Wall clock on CPU; CUDA events on GPU (the host waits for the end event)."""
 
@@ -203,7 +211,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
         }
         times: dict[str, list[float]] = {s: [] for s in config.series}
         for it in range(config.warmup + config.iters):
-            for s in config.series:
+            for s in rotated(config.series, it):
                 sp, b = (limit_spec, bufs[s]) if s == LIMIT else (spec, bufs[s])
                 algo = "p2p" if s == LIMIT else s
                 b.input.copy_(b.reference)
