@@ -69,6 +69,12 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["train", "--probe-interval", "1e6"], "must be between 0.001 and 60 s, got 1e6"),
         (["compare", "--probe-interval", "nan"], "must be between"),
         (["train", "--probe-interval", "often"], "'often' is not a number of seconds"),
+        (["sweep", "--json", ""], "--json: needs a file name, got an empty one"),
+        (["sweep", "--csv", " "], "--csv: needs a file name"),
+        (["compare", "--plot", ""], "--plot: needs a file name"),
+        (["report", "-o", ""], "--output: needs a file name"),
+        (["profile", "-o", "", "--", "sweep"], "--output: needs a file name"),
+        (["bandwidth", "--json", ""], "--json: needs a file name"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):

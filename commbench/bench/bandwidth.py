@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from commbench.bench.records import output_path
 from commbench.bench.units import format_size, parse_size
 from commbench.kernels.copy import D2H_PINNED, H2D_PINNED, OVER_PCIE, CopyResult, each_copy
 from commbench.probes.links import ImpossibleReading, check_rate, pcie_max_gbps
@@ -73,7 +74,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--iters", type=int, default=10, help="timed copies per kind; the median is shown (default 10)"
     )
     p.add_argument(
-        "--json", default=None, help="write JSON Lines here (header, then one record per copy kind)"
+        "--json",
+        type=output_path,
+        default=None,
+        help="write JSON Lines here (header, then one record per copy kind)",
     )
     return p
 

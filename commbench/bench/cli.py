@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from commbench.bench.records import output_path
+
 SUMMARY_KEYS = (
     "collective",
     "algorithm",
@@ -104,9 +106,14 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
         default=3,
         help="calls per algorithm in each point's counting pass (default 3)",
     )
-    p.add_argument("--json", default=None, help="write JSON Lines here (header, then one record per point)")
-    p.add_argument("--csv", default=None, help="write the records as CSV here")
-    p.add_argument("--plot", default=None, help="write a busbw-versus-size PNG here")
+    p.add_argument(
+        "--json",
+        type=output_path,
+        default=None,
+        help="write JSON Lines here (header, then one record per point)",
+    )
+    p.add_argument("--csv", type=output_path, default=None, help="write the records as CSV here")
+    p.add_argument("--plot", type=output_path, default=None, help="write a busbw-versus-size PNG here")
     p.add_argument("-q", "--quiet", action="store_true", help="no table and no progress bar")
     _add_launch_args(p)
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.bench import signals, starter
+from commbench.bench.records import output_path
 
 FORMATS = ("speedscope", "flamegraph")
 CATEGORIES = ("communication", "compute", "elsewhere")
@@ -549,7 +550,13 @@ def add_parser(sub: Any) -> None:
         "each rank's share of samples in communication, compute and elsewhere (main thread, idle waits "
         "included). Needs py-spy and ptrace. Example: commbench profile -o prof -- compare --world-size 2",
     )
-    p.add_argument("-o", "--output", default="profile", help="directory for the profiles (default ./profile)")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=output_path,
+        default="profile",
+        help="directory for the profiles (default ./profile)",
+    )
     p.add_argument("--rate", type=int, default=100, help="samples per second per rank (default 100)")
     p.add_argument(
         "--format", choices=FORMATS, default="speedscope", help="profile format (default speedscope)"

@@ -3,6 +3,7 @@ so an interrupted run keeps every finished point."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import json
@@ -77,6 +78,14 @@ def check_writable(path: str | Path) -> None:
             p.unlink()
     except OSError as exc:  # no access to a directory on the way, a name too long, ...
         raise ValueError(f"cannot write {p}: {exc.strerror or exc}") from None
+
+
+def output_path(text: str) -> str:
+    """Argument type of every option naming a file or directory to write: an empty name is
+    refused (it was taken for "not given", and nothing was written)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("needs a file name, got an empty one")
+    return text
 
 
 def check_distinct(**paths: str | None) -> None:

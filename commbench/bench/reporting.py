@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from commbench.bench.records import output_path
+
 MACHINE_FIELDS = (
     ("hostname", "host"),
     ("cpu_model", "CPU"),
@@ -775,7 +777,13 @@ def add_parser(sub: Any) -> None:
         "computed-versus-measured bytes (per host where recorded); --baseline adds ratios to other runs.",
     )
     p.add_argument("files", nargs="+", help="JSON Lines written by commbench sweep, train or compare --json")
-    p.add_argument("-o", "--output", default="report", help="directory to write into (default ./report)")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=output_path,
+        default="report",
+        help="directory to write into (default ./report)",
+    )
     p.add_argument("--baseline", nargs="+", default=[], help="JSON Lines of the run to compare against")
     p.add_argument("--title", default="commbench report", help="the report's title")
 

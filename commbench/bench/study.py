@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.bench import reporting as rp
+from commbench.bench.records import output_path
 
 SCALES = ("tiny", "default", "full")
 COMMANDS = ("sweep", "train", "compare")
@@ -872,7 +873,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("name", nargs="?", default=None, help="the study (a file stem in studies/)")
     p.add_argument(
-        "-o", "--output", default=None, help="directory for runs and report (default ./study-NAME)"
+        "-o",
+        "--output",
+        type=output_path,
+        default=None,
+        help="directory for runs and report (default ./study-NAME)",
     )
     scale = p.add_mutually_exclusive_group()
     scale.add_argument("--full", action="store_true", help="the study's original sizes (for GPU clusters)")

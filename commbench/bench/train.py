@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from commbench.bench.records import output_path
 from commbench.trainers.sync import SINGLE_PROCESS, STRATEGIES, TRANSPORTS
 
 
@@ -61,8 +62,15 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     from commbench.bench.probing import add_probe_args
 
     add_probe_args(p, "each step")
-    p.add_argument("--json", default=None, help="write JSON Lines here (header, epochs, summaries)")
-    p.add_argument("--plot", default=None, help="write the time-breakdown PNG here (loss curves beside it)")
+    p.add_argument(
+        "--json", type=output_path, default=None, help="write JSON Lines here (header, epochs, summaries)"
+    )
+    p.add_argument(
+        "--plot",
+        type=output_path,
+        default=None,
+        help="write the time-breakdown PNG here (loss curves beside it)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no table and no progress bar")
 
 
