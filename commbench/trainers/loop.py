@@ -81,6 +81,11 @@ class TrainConfig:
             raise ValueError(f"unknown dataset {self.dataset!r}; choose from {', '.join(DATASETS)}")
         if self.dataset != "synthetic" and not self.data_dir:
             raise ValueError(f"dataset {self.dataset} is read from disk: give --data-dir")
+        if self.dataset == "synthetic" and self.data_dir:
+            raise ValueError(
+                "--data-dir is read for a dataset on disk (--dataset mnist or cifar10); synthetic data "
+                "is generated"
+            )
         for name in ("replicate", "epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -101,6 +106,11 @@ class TrainConfig:
         if self.transport not in sync_mod.TRANSPORTS:
             raise ValueError(
                 f"unknown transport {self.transport!r}; choose from {', '.join(sync_mod.TRANSPORTS)}"
+            )
+        if self.transport != "backend" and "bucketed" not in self.strategies:
+            raise ValueError(
+                f"--transport {self.transport} is the bucketed strategy's, which is not among "
+                f"{','.join(self.strategies)}"
             )
         if self.loss_threshold is not None and not math.isfinite(self.loss_threshold):
             raise ValueError(f"loss threshold must be finite, got {self.loss_threshold}")
