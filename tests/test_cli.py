@@ -76,7 +76,10 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["profile", "-o", "", "--", "sweep"], "--output: needs a file name"),
         (["bandwidth", "--json", ""], "--json: needs a file name"),
         (["train", "--data-dir", "/tmp"], "--data-dir is read for a dataset on disk"),
-        (["train", "--strategy", "ddp", "--transport", "ring"], "--transport ring is the bucketed strategy's"),
+        (
+            ["train", "--strategy", "ddp", "--transport", "ring"],
+            "--transport ring is the bucketed strategy's",
+        ),
         (["compare", "--strategies", "ring,ddp", "--transport", "ring"], "not among ring,ddp"),
     ],
 )

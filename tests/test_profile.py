@@ -158,6 +158,17 @@ def test_a_run_that_cannot_profile_leaves_no_directory(tmp_path, monkeypatch, ca
     assert not out.exists()
 
 
+def test_bad_input_to_the_profiled_command_is_its_one_line_and_exit_2(py_spy, tmp_path):
+    out = tmp_path / "prof"
+    done = subprocess.run(
+        [sys.executable, "-m", "commbench", "profile", "-o", str(out), "--", "sweep", "-b", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert done.stderr.count("\n") == 1 and "sizes must be > 0" in done.stderr, done.stderr
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     "sig, group",
     [(signal.SIGTERM, False), (signal.SIGINT, True), (signal.SIGHUP, True)],

@@ -32,6 +32,7 @@ from commbench.bench.records import output_path
 FORMATS = ("speedscope", "flamegraph")
 CATEGORIES = ("communication", "compute", "elsewhere")
 POLL_S = 0.05
+BAD_INPUT = 2  # the exit code of a commbench command that refused its arguments
 STOP_GRACE_S = 20.0
 
 # Frames that mean "waiting for or moving bytes": commbench's collectives and sync strategies, torch's
@@ -497,6 +498,11 @@ def run_profile(
             raise Interrupted(stop[0])
         code, recorders = profile_command(config, py_spy, stop)
     stopped = stop[0] if stop else None
+    if code == BAD_INPUT and not recorders and stopped is None:
+        # The inner command refused its input, in its own one line, before starting a rank.
+        if made:
+            shutil.rmtree(config.out_dir, ignore_errors=True)
+        return code, [], None
     profiles = []
     for rec in recorders:
         stacks = parse_collapsed(rec.raw.read_text().splitlines()) if rec.raw.exists() else []
@@ -585,6 +591,8 @@ def run(args: argparse.Namespace) -> int:
 
             raise Interrupted(stopped)
         return 128 + stopped
+    if code == BAD_INPUT and not profiles:
+        return code
     if not profiles:
         print(f"# profile: no rank process was seen (the command exited with {code})")
         return code or 1
