@@ -425,9 +425,13 @@ def main(argv: list[str] | None = None) -> int:
 
             return {"report": reporting.run, "study": study.run, "profile": profile.run}[args.command](args)
         if args.command == "cluster":
-            from commbench.bench import cluster
+            from commbench.bench import cluster, netns
 
-            return cluster.run(args)
+            try:
+                return cluster.run(args)
+            except netns.ClusterError as exc:
+                print(f"commbench: cluster: {exc}", file=sys.stderr)
+                return 1
         if args.command == "bandwidth":
             from commbench.bench import bandwidth
 

@@ -267,7 +267,7 @@ def run_hosts(config: ClusterConfig, argv: Sequence[str], work: Path) -> dict[in
     topo = Topology(hosts=config.hosts, owner=os.getpid())
     leftover = netns.destroy(netns.stale(netns.namespaces(), psutil.pid_exists))
     if leftover:
-        raise RuntimeError(f"cannot remove namespaces of an earlier run: {', '.join(leftover)}")
+        raise netns.ClusterError(f"cannot remove namespaces of an earlier run: {', '.join(leftover)}")
 
     def on_signal(signum: int, frame: Any) -> None:
         for s in (signal.SIGINT, signal.SIGTERM):  # one is enough; a second must not cut the cleanup

@@ -200,10 +200,19 @@ def check_privileges() -> None:
         raise ValueError(reason)
 
 
+class ClusterError(RuntimeError):
+    """A command that builds or removes the emulated cluster failed (one line: the command, then
+    the first line of what it said)."""
+
+
 def _run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"{' '.join(cmd)}: no answer after 30 s") from None
     if check and out.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: {out.stderr.strip() or f'exit code {out.returncode}'}")
+        said = out.stderr.strip().splitlines()[0] if out.stderr.strip() else f"exit code {out.returncode}"
+        raise ClusterError(f"{' '.join(cmd)}: {said}")
     return out
 
 
