@@ -5,9 +5,9 @@ no traceback. Here, before it imports torch, Ctrl-C gets its default action: dur
 seconds it ends the server at once and quietly. Once its imports are done the server ignores
 Ctrl-C again on its own and holds it blocked (:mod:`commbench.bench.rankgate`); each rank it
 forks gets the default action set here back, and the signal unblocked, before it installs its
-own handlers (commbench.bench.launch). The server starts with SIGHUP
-ignored too (for the sake of multiprocessing's resource tracker, started beside it); here it
-gets its default action back, for the server and its ranks.
+own handlers (commbench.bench.launch). The server starts with SIGHUP ignored too (for the sake
+of multiprocessing's resource tracker, started beside it); here it gets its default action
+back, for the server and its ranks.
 
 A rank forked at the moment of a stop may find its launcher gone before it has read its start-up
 data; the error that follows is not printed (:func:`commbench.bench.starter.quiet_if_launcher_gone`).

@@ -3,8 +3,8 @@
 At each size the algorithms are interleaved iteration by iteration, so they all see the same
 machine conditions, in an order that rotates from one iteration to the next (:func:`rotated`);
 the transport's limit (a segmented bidirectional send/recv between ring neighbours) is measured
-in the same loop. Every iteration starts from the same input, after a
-barrier, outside the timed region; an iteration's time is the slowest rank's.
+in the same loop. Every iteration starts from the same input, after a barrier, outside the timed
+region; an iteration's time is the slowest rank's.
 """
 
 from __future__ import annotations

@@ -82,9 +82,9 @@ class TrainConfig:
         if self.dataset != "synthetic" and not self.data_dir:
             raise ValueError(f"dataset {self.dataset} is read from disk: give --data-dir")
         if self.dataset == "synthetic" and self.data_dir:
+            on_disk = " or ".join(d for d in DATASETS if d != "synthetic")
             raise ValueError(
-                "--data-dir is read for a dataset on disk (--dataset mnist or cifar10); synthetic data "
-                "is generated"
+                f"--data-dir is read for a dataset on disk (--dataset {on_disk}); synthetic data is generated"
             )
         for name in ("replicate", "epochs"):
             if getattr(self, name) < 1:
