@@ -3,6 +3,7 @@ keeps finished points when interrupted."""
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import csv
 import json
@@ -392,6 +393,52 @@ def test_ctrl_c_while_torch_loads_is_one_line_and_exit_130(ignored):
         )
     else:
         assert (proc.returncode, err) == (130, "commbench: interrupted\n")
+
+
+# A real SIGINT, raised by an import hook at the named moment of the command's start.
+_SIGINT_AT = """
+import os, signal, sys
+class Hook:
+    def find_spec(self, name, path=None, target=None):
+        if name == sys.argv[1]:
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Hook())
+from commbench.__main__ import run
+sys.exit(run(['summary', '/nonexistent.jsonl']))
+"""
+
+
+@pytest.mark.parametrize("module", ["commbench.bench.records", "commbench.bench.starter"])
+def test_ctrl_c_before_the_cli_handles_signals_is_one_line_and_exit_130(module):
+    """While the command imports its CLI (records) or starts the rank server (starter), before the
+    CLI's own handling is in place, Ctrl-C used to end in a KeyboardInterrupt traceback."""
+    argv = [sys.executable, "-c", _SIGINT_AT, module]
+    if module == "commbench.bench.starter":  # summary starts no ranks: ask for a sweep's server
+        argv = [
+            sys.executable,
+            "-c",
+            _SIGINT_AT.replace("'summary', '/nonexistent.jsonl'", "'sweep', '-q'"),
+            module,
+        ]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (130, "commbench: interrupted\n")
+
+
+def test_the_command_and_python_m_commbench_go_through_the_guarded_entry():
+    """setup.cfg's console script and ``python -m commbench`` both start at ``commbench.__main__:run``."""
+    scripts = configparser.ConfigParser()
+    scripts.read(ROOT / "setup.cfg")
+    assert scripts["options.entry_points"]["console_scripts"].split() == [
+        "commbench",
+        "=",
+        "commbench.__main__:run",
+    ]
+    done = recorded.commbench(["summary", "/nonexistent.jsonl"])
+    assert (done.returncode, done.stderr) == (
+        2,
+        "commbench: error: cannot read /nonexistent.jsonl: No such file or directory\n",
+    )
 
 
 def _endless_sweep(tmp_path: Path) -> subprocess.Popen:

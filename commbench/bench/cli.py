@@ -404,12 +404,15 @@ def _start_rank_server(argv: list[str] | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``commbench`` command; returns the exit code."""
-    _start_rank_server(argv)
     try:
+        _start_rank_server(argv)
         launch = _import_launch()
     except _SignalWhileLoading as exc:
         print("commbench: interrupted", file=sys.stderr)
         return 128 + exc.signum
+    except KeyboardInterrupt:  # a Ctrl-C while the rank server starts
+        print("commbench: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     Interrupted, RankFailed = launch.Interrupted, launch.RankFailed
     NotStarted = launch.starter.ServerNotReady
 
