@@ -178,3 +178,35 @@ def test_unwritable_output_is_one_line_before_any_run(out, capsys):
     captured = capsys.readouterr()
     assert captured.err.count("\n") == 1 and "cannot create" in captured.err and out in captured.err
     assert "== study" not in captured.out
+
+
+@pytest.mark.parametrize("name", ["000_backbones", "002_memory_utilisation"])
+def test_full_scale_on_cuda_without_cuda_is_refused_before_any_run(name, tmp_path, monkeypatch, capsys):
+    """Each run used to fail alone with the same message (21 of them for 000_backbones)."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("commbench.bench.cli.main", lambda argv: pytest.fail(f"a run started: {argv}"))
+    planned = study.plan(study.load_study(name), "full", tmp_path / "st")
+    on_cuda = [p for p in planned if "--device" in p.argv and p.argv[p.argv.index("--device") + 1] == "cuda"]
+    assert on_cuda
+    assert main(["study", name, "--full", "-q", "-o", str(tmp_path / "st")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"commbench: error: {len(on_cuda)} of the {len(planned)} runs of this study at --full use "
+        "--device cuda, and CUDA is not available here (--dry-run lists them)\n"
+    )
+    assert not (tmp_path / "st").exists()
+
+
+def test_full_scale_on_cuda_runs_where_cuda_is_seen(tmp_path, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    started, execute = _counting({1: 130})
+    config = study.StudyConfig(name="000_backbones", scale="full", out_dir=str(tmp_path / "st"))
+    outcomes, md = study.run_study(config, execute=execute)
+    assert len(started) == 1 and started[0][started[0].index("--device") + 1] == "cuda" and md is None
+
+
+def test_a_cpu_study_at_full_scale_is_not_refused_without_cuda(tmp_path, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    planned = study.plan(study.load_study("001_sync_strategies"), "full", tmp_path / "st")
+    assert study.validate(planned) == []
+    study.check_cuda([], len(planned), "full")  # nothing asks for CUDA: no error

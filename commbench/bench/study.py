@@ -310,11 +310,13 @@ def plan(study: Study, scale: str, out_dir: str | Path, cluster_ok: bool = True)
     return planned
 
 
-def validate(planned: Sequence[Planned]) -> None:
-    """Parse every planned command line as the CLI would, and build its config (ValueError if bad)."""
+def validate(planned: Sequence[Planned]) -> list[Planned]:
+    """Parse every planned command line as the CLI would, and build its config (ValueError if
+    bad); returns the runs that ask for ``--device cuda``."""
     from commbench.bench import cli
 
     parser = cli.build_parser()
+    on_cuda = []
     for p in planned:
         for argv in filter(None, (p.argv, p.local_argv)):
             try:
@@ -332,6 +334,22 @@ def validate(planned: Sequence[Planned]) -> None:
                     cli.sweep_config(args)
             except (cli.UsageError, ValueError, TypeError) as exc:
                 raise ValueError(f"run {p.index} ({p.group}): {exc}: {shlex.join(argv)}") from None
+        if args.device == "cuda":
+            on_cuda.append(p)
+    return on_cuda
+
+
+def check_cuda(on_cuda: Sequence[Planned], total: int, scale: str) -> None:
+    """Refuse, before any run starts, a study whose runs ask for CUDA where torch sees none: each
+    run would otherwise fail on its own with the same message."""
+    import torch
+
+    if on_cuda and not torch.cuda.is_available():
+        flag = {"full": " at --full", "tiny": " at --tiny"}.get(scale, "")
+        raise ValueError(
+            f"{len(on_cuda)} of the {total} runs of this study{flag} use --device cuda, and CUDA is "
+            "not available here (--dry-run lists them)"
+        )
 
 
 def cluster_available() -> str | None:
@@ -401,7 +419,7 @@ def run_study(
     out = config.directory
     why_not = cluster_available() if any(g.cluster for g in study.groups) and config.scale != "tiny" else None
     planned = plan(study, config.scale, out, cluster_ok=why_not is None)
-    validate(planned)
+    check_cuda(validate(planned), len(planned), config.scale)
     try:
         (out / "runs").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
