@@ -26,15 +26,29 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git_commit() -> str | None:
-    root = Path(__file__).resolve().parents[2]
+CHECKOUT = Path(__file__).resolve().parents[2]  # the repository root, when run from a clone
+
+
+def _git(root: Path, *args: str) -> str | None:
+    """Output of a git command in ``root`` (None where git fails there)."""
     try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_commit(root: Path = CHECKOUT) -> tuple[str | None, bool | None]:
+    """(HEAD's commit, whether tracked files differ from it) of the checkout at ``root``; (None,
+    None) outside one.
+
+    A run of modified code is not a run of its commit: the header says which it was.
+    """
+    head = (_git(root, "rev-parse", "HEAD") or "").strip() or None
+    if head is None:
+        return None, None
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return head, None if status is None else bool(status.strip())
 
 
 def _gpus() -> dict[str, Any] | None:
@@ -73,6 +87,7 @@ def machine_info(backend: str | None = None) -> dict[str, Any]:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:
             nccl = None
+    commit, modified = git_commit()
     return {
         "hostname": socket.gethostname(),
         "cpu_model": _cpu_model(),
@@ -86,6 +101,7 @@ def machine_info(backend: str | None = None) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "gpus": _gpus(),
         "tcp_congestion_control": tcp.summary(),
-        "commit": _git_commit(),
+        "commit": commit,
+        "commit_modified": modified,
         "command": _command(),
     }

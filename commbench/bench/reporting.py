@@ -288,7 +288,7 @@ def machine_section(runs: Sequence[Run]) -> list[Block]:
         if key == "gpus" and isinstance(v, list):
             return "; ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in v) or "-"
         if key == "commit" and isinstance(v, str):
-            return v[:12]
+            return v[:12] + (" (modified)" if run.header.get("commit_modified") else "")
         return "-" if v is None else str(v)
 
     rows = [[label] + [value(r, key) for r in runs] for key, label in MACHINE_FIELDS]

@@ -1,0 +1,50 @@
+"""The run header's commit: HEAD of the checkout, and whether tracked files were changed from it."""
+
+from __future__ import annotations
+
+import subprocess
+
+from commbench.bench import machine, reporting
+
+
+def _git(root, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def test_the_commit_and_whether_tracked_files_changed(tmp_path):
+    assert machine.git_commit(tmp_path) == (None, None)  # not a checkout
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    _git(tmp_path, "add", "a.py")
+    _git(tmp_path, "commit", "-qm", "one")
+    head = _git(tmp_path, "rev-parse", "HEAD")
+    assert machine.git_commit(tmp_path) == (head, False)
+    (tmp_path / "new.py").write_text("")  # untracked: not part of what the commit names
+    assert machine.git_commit(tmp_path) == (head, False)
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert machine.git_commit(tmp_path) == (head, True)
+
+
+def test_the_header_and_the_report_say_when_the_code_was_modified():
+    info = machine.machine_info("gloo")
+    assert info["commit"] == machine.git_commit()[0] and info["commit_modified"] is machine.git_commit()[1]
+    runs = [
+        reporting.Run(
+            path=f"{modified}.jsonl",
+            label=str(modified),
+            header={"type": "header", "commit": "0123456789abcdef", "commit_modified": modified},
+            sweeps=(),
+            epochs=(),
+            summaries=(),
+            probes=(),
+            clusters=(),
+        )
+        for modified in (False, True)
+    ]
+    text = reporting.render_markdown(reporting.machine_section(runs))
+    assert "| commit | 0123456789ab | 0123456789ab (modified) |" in text, text
