@@ -656,3 +656,29 @@ def test_a_rank_whose_launcher_is_gone_says_so_in_one_line(tmp_path):
     )
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr[-2000:]
     assert done.stderr.startswith("commbench: rank 0 failed: could not join the group of WORLD_SIZE=2 at ")
+
+
+def test_a_sweep_whose_buffers_exceed_the_memory_is_refused_before_any_rank(tmp_path, monkeypatch, capsys):
+    """It ran the smaller sizes and then lost its ranks to a failed allocation or the OOM killer."""
+    path = tmp_path / "r.jsonl"
+    assert main(["sweep", "-b", "1M", "-e", "64G", "--world-size", "2", "--json", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "commbench: error: at 68719476736 bytes the sweep's buffers"
+    )
+    assert "GiB over 2 rank(s) on this host" in err and "lower --maxbytes" in err and not path.exists()
+
+    class Memory:
+        available = (
+            24 << 20
+        )  # what 2 ranks need at 1 MiB with builtin and ring: 2 x 7 MiB fits, 4 x 7 does not
+
+    monkeypatch.setattr("psutil.virtual_memory", lambda: Memory())
+    from commbench.bench import cli, launch
+
+    config = cli.sweep_config(cli.build_parser().parse_args(["sweep", "-e", "1M", "-a", "builtin,ring"]))
+    cli._check_memory(config, launch.LaunchSpec(world_size=2))
+    with pytest.raises(
+        ValueError, match=r"take 28\.0 MiB over 4 rank\(s\) on this host, more than the 24\.0 MiB"
+    ):
+        cli._check_memory(config, launch.LaunchSpec(world_size=4))

@@ -141,3 +141,24 @@ def test_the_series_take_turns_at_running_first(tmp_path, monkeypatch):
     series = [s if s != LIMIT else "p2p" for s in config.series]
     assert len(series) == 3
     assert ran == [*series, *series[1:], series[0], series[2], *series[:2]]
+
+
+@pytest.mark.parametrize(
+    "collective, algorithms, world, per_series",
+    [
+        # all_reduce: the tensor (in place) and its pristine copy; the limit: input, output, copy
+        ("all_reduce", ("builtin", "ring"), 2, lambda s: [2 * s, 2 * s, 3 * s]),
+        # all_gather: a 1/world input, the whole output, and the input's copy
+        ("all_gather", ("ring",), 4, lambda s: [s // 4 + s + s // 4, 3 * s]),
+        ("reduce_scatter", ("naive",), 4, lambda s: [s + s // 4 + s, 3 * s]),
+    ],
+)
+def test_buffer_bytes_are_what_a_rank_holds_at_the_largest_size(collective, algorithms, world, per_series):
+    from commbench.bench.sweep import buffer_bytes
+
+    config = SweepConfig(collective=collective, algorithms=algorithms, min_bytes=1024, max_bytes=1 << 20)
+    assert buffer_bytes(config, world) == sum(per_series(1 << 20))
+    no_limit = SweepConfig(
+        collective=collective, algorithms=algorithms, min_bytes=1024, max_bytes=3 << 19, limit=False
+    )
+    assert buffer_bytes(no_limit, world) == sum(per_series(1 << 20)[:-1])  # 3/2 MiB: the last size is 1 MiB

@@ -268,6 +268,31 @@ def _check_some_size_fits(config: Any, world: int) -> None:
         )
 
 
+def _check_memory(config: Any, spec: Any) -> None:
+    """Refuse a CPU sweep whose buffers alone exceed the memory available on this host: its ranks
+    would be killed (or fail to allocate) at the largest size, after the smaller ones had run."""
+    import psutil
+
+    from commbench.bench import launch
+    from commbench.bench.sweep import buffer_bytes, sizes
+
+    if spec.device != "cpu":
+        return
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launch.launched_externally() else spec.world_size
+    need = local * buffer_bytes(config, spec.world_size)
+    available = psutil.virtual_memory().available
+    if need > available:
+
+        def amount(n: int) -> str:
+            return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+        raise ValueError(
+            f"at {max(sizes(config))} bytes the sweep's buffers alone take {amount(need)} over {local} "
+            f"rank(s) on this host, more than the {amount(available)} of memory available; lower "
+            "--maxbytes or run fewer algorithms"
+        )
+
+
 def cmd_sweep(config: Any, spec: Any, plot_path: str | None) -> int:
     from commbench.bench import launch
     from commbench.bench.records import check_distinct, check_plot_path, check_writable
@@ -276,6 +301,7 @@ def cmd_sweep(config: Any, spec: Any, plot_path: str | None) -> int:
     if config.root >= spec.world_size:
         raise ValueError(f"root {config.root} is not a rank of a world of {spec.world_size}")
     _check_some_size_fits(config, spec.world_size)
+    _check_memory(config, spec)
     if plot_path:
         check_plot_path(plot_path)
     for path in (config.json_path, config.csv_path):

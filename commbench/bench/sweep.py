@@ -117,6 +117,23 @@ def sizes(config: SweepConfig) -> list[int]:
     return out
 
 
+def buffer_bytes(config: SweepConfig, world: int) -> int:
+    """Bytes of the buffers one rank holds at the sweep's largest size: every series' input,
+    output and pristine copy, as :func:`run_rank` makes them (here on the meta device, so nothing
+    is allocated). Scratch and the check's expected values come on top."""
+    spec, dtype = SPECS[config.collective], parse_dtype(config.dtype)
+    meta = torch.device("meta")
+    count = max(spec.count(size, dtype.itemsize, world) for size in sizes(config))
+    total = 0
+    for s in config.series:
+        b = (SPECS["sendrecv"] if s == LIMIT else spec).make(
+            count, dtype, meta, 0, world, config.op, config.root
+        )
+        distinct = {id(t): t for t in (b.input, b.output, b.reference)}.values()
+        total += sum(t.numel() * t.element_size() for t in distinct)
+    return total
+
+
 def stats_us(times_s: list[float]) -> dict[str, float]:
     """p50 (the headline), min, mean, p90 and max of per-iteration times, in microseconds."""
     us = sorted(t * 1e6 for t in times_s)
