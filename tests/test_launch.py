@@ -72,6 +72,37 @@ def test_ranks_see_the_launchers_environment_at_launch_and_come_from_one_server(
     assert len(parents) == 1 and os.getpid() not in parents  # one fork server, not this process
 
 
+def test_more_local_ranks_than_the_fork_server_takes_are_spawned(monkeypatch):
+    """The fork server takes fewer than MAXFDS_TO_SEND - 4 descriptors per request, and the agent
+    sends each rank two per local rank: 125 ranks failed with "too many fds". Above the limit
+    (lowered here to 1 so that 2 ranks cross it) the ranks are spawned, children of this process."""
+    from multiprocessing import forkserver
+
+    assert 2 * (starter.FORKSERVER_MAX_RANKS + 2) + 4 < forkserver.MAXFDS_TO_SEND
+    assert starter.start_method(starter.FORKSERVER_MAX_RANKS) == "forkserver"
+    assert starter.start_method(starter.FORKSERVER_MAX_RANKS + 1) == "spawn"
+    monkeypatch.setattr(starter, "FORKSERVER_MAX_RANKS", 1)
+    monkeypatch.setenv("CB_ADDED", "spawned")
+    seen = run(_seen, (), LaunchSpec(world_size=2))
+    assert [v[:3] for _, v in sorted(seen.items())] == [("spawned", None, "0"), ("spawned", None, "1")]
+    assert {v[4] for v in seen.values()} == {os.getpid()}
+
+
+def test_spawning_more_ranks_than_the_memory_holds_is_refused_before_any_starts(monkeypatch):
+    class Memory:
+        available = 1 << 20
+
+    monkeypatch.setattr(starter, "FORKSERVER_MAX_RANKS", 1)
+    monkeypatch.setattr("psutil.virtual_memory", lambda: Memory())
+    monkeypatch.setattr("torch.distributed.launcher.api.elastic_launch", lambda *a: pytest.fail("launched"))
+    with pytest.raises(
+        ValueError,
+        match=r"^2 local ranks are more than the fork server can start \(1\), and "
+        r"spawned, each imports torch itself: about .* GiB in all, more than the 0\.0 GiB",
+    ):
+        run(_seen, (), LaunchSpec(world_size=2))
+
+
 @pytest.mark.parametrize(
     "fn,message",
     [(_rank_one_dies, "exited with code 3"), (_rank_one_raises, "ValueError: bad value on purpose")],

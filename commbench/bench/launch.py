@@ -234,6 +234,9 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
     for name in [*logging.root.manager.loggerDict, *quiet]:
         if name.startswith(quiet):
             logging.getLogger(name).setLevel(logging.CRITICAL)
+    method = starter.start_method(spec.world_size)
+    if method != starter.START_METHOD:
+        _check_spawn_memory(spec.world_size)
     with tempfile.TemporaryDirectory(prefix="commbench-") as error_dir:
         config = LaunchConfig(
             min_nodes=1,
@@ -245,18 +248,21 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
             rdzv_configs={"timeout": int(spec.timeout_s)},
             max_restarts=0,
             monitor_interval=0.1,
-            start_method=starter.START_METHOD,
+            start_method=method,
             local_addr="127.0.0.1",
             # The agent's per-rank directories, in ours: by default it left an empty tree in the
             # system's temporary directory at every launch.
             logs_specs=DefaultLogsSpecs(log_dir=os.path.join(error_dir, "agent")),
         )
+        forked = method == starter.START_METHOD
         try:
-            starter.ready(spec.timeout_s)
-            return elastic_launch(config, _rank_main)(fn, args, spec, error_dir, starter.environment_change())
+            if forked:
+                starter.ready(spec.timeout_s)
+            change = starter.environment_change() if forked else None  # a spawned rank has ours
+            return elastic_launch(config, _rank_main)(fn, args, spec, error_dir, change)
         except ChildFailedError as exc:
             failure = _first_failure(exc, error_dir)
-            if starter.server_gone():
+            if forked and starter.server_gone():
                 gone = "the fork server that started the ranks had ended"
                 failure = RankFailed(failure.rank, f"{failure.detail} ({gone})")
             raise failure from None
@@ -264,6 +270,24 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
             raise Interrupted(int(exc.sigval)) from None
         except KeyboardInterrupt:
             raise Interrupted(signal.SIGINT) from None
+
+
+def _check_spawn_memory(ranks: int) -> None:
+    """Refuse to spawn more ranks than this host's memory holds. A spawned rank imports torch
+    itself and holds about what this process (which has imported it too) holds; forked ranks share
+    the fork server's pages instead."""
+    import psutil
+
+    each = psutil.Process().memory_info().rss
+    available = psutil.virtual_memory().available
+    if ranks * each > available:
+        gib = 1 << 30
+        raise ValueError(
+            f"{ranks} local ranks are more than the fork server can start ({starter.FORKSERVER_MAX_RANKS}), "
+            f"and spawned, each imports torch itself: about {ranks * each / gib:.1f} GiB in all, more "
+            f"than the {available / gib:.1f} GiB of memory available here; use fewer ranks, or torchrun "
+            "on more hosts"
+        )
 
 
 def _cheap_rendezvous_event_names() -> None:

@@ -32,10 +32,16 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
 START_METHOD = "forkserver"
+# multiprocessing's fork server takes fewer than MAXFDS_TO_SEND - 4 descriptors with each request,
+# and the elastic agent sends every rank a pipe to each local rank (one return-value queue per
+# rank, two descriptors each): from 125 local ranks on, a launch failed with "too many fds". Above
+# this many, ranks are spawned instead (each imports torch itself: slower to start, no limit).
+FORKSERVER_MAX_RANKS = (forkserver.MAXFDS_TO_SEND - 4) // 2 - 4  # 122 with Python's 256
 PRELOAD = (
     "commbench.bench.rankhost",
     "torch",
@@ -99,8 +105,6 @@ def launched_externally() -> bool:
 
 
 def _server_pid() -> int | None:
-    from multiprocessing import forkserver
-
     return getattr(forkserver._forkserver, "_forkserver_pid", None)
 
 
@@ -110,7 +114,6 @@ def start() -> None:
     A server that died is replaced.
     """
     import multiprocessing
-    from multiprocessing import forkserver
 
     if _server_pid() is None or server_gone():
         multiprocessing.set_forkserver_preload(list(PRELOAD))
@@ -119,6 +122,12 @@ def start() -> None:
     # starts too and which, killed by it, was relaunched and printed a traceback per semaphore.
     with _ignored((signal.SIGINT, signal.SIGHUP)):
         forkserver.ensure_running()
+
+
+def start_method(local_ranks: int) -> str:
+    """How the launcher starts ``local_ranks`` ranks: from the fork server, or spawned above
+    :data:`FORKSERVER_MAX_RANKS`."""
+    return START_METHOD if local_ranks <= FORKSERVER_MAX_RANKS else "spawn"
 
 
 def ready(timeout_s: float = READY_MIN_S) -> None:
