@@ -660,25 +660,64 @@ def test_a_rank_whose_launcher_is_gone_says_so_in_one_line(tmp_path):
 
 def test_a_sweep_whose_buffers_exceed_the_memory_is_refused_before_any_rank(tmp_path, monkeypatch, capsys):
     """It ran the smaller sizes and then lost its ranks to a failed allocation or the OOM killer."""
-    path = tmp_path / "r.jsonl"
-    assert main(["sweep", "-b", "1M", "-e", "64G", "--world-size", "2", "--json", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(
-        "commbench: error: at 68719476736 bytes the sweep's buffers"
-    )
-    assert "GiB over 2 rank(s) on this host" in err and "lower --maxbytes" in err and not path.exists()
-
-    class Memory:
-        available = (
-            24 << 20
-        )  # what 2 ranks need at 1 MiB with builtin and ring: 2 x 7 MiB fits, 4 x 7 does not
-
-    monkeypatch.setattr("psutil.virtual_memory", lambda: Memory())
     from commbench.bench import cli, launch
 
+    class Memory:
+        available = 16 << 30
+
+    monkeypatch.setattr("psutil.virtual_memory", lambda: Memory())
+    path = tmp_path / "r.jsonl"
+    assert main(["sweep", "-b", "1M", "-e", "64G", "--world-size", "2", "--json", str(path)]) == 2
+    # per rank at 64 GiB: builtin, naive, ring 2 x 64 GiB each, the limit 3 x 64, the check 32 B an element
+    assert capsys.readouterr().err == (
+        "commbench: error: at 68719476736 bytes the sweep's buffers take at least 2176.0 GiB over 2 "
+        "rank(s) on this host, more than the 16.0 GiB of memory available; lower --maxbytes or run "
+        "fewer algorithms\n"
+    )
+    assert not path.exists()
+    # at 1 MiB with builtin and ring: 7 MiB of buffers and 8 MiB for the check a rank
+    Memory.available = 40 << 20
     config = cli.sweep_config(cli.build_parser().parse_args(["sweep", "-e", "1M", "-a", "builtin,ring"]))
     cli._check_memory(config, launch.LaunchSpec(world_size=2))
     with pytest.raises(
-        ValueError, match=r"take 28\.0 MiB over 4 rank\(s\) on this host, more than the 24\.0 MiB"
+        ValueError, match=r"take at least 60\.0 MiB over 4 rank\(s\) on this host, more than the 40\.0 MiB"
     ):
         cli._check_memory(config, launch.LaunchSpec(world_size=4))
+    # every emulated host of a cluster is a rank in this machine's memory (refused before it is built)
+    assert main(["cluster", "--hosts", "4", "--", "sweep", "-e", "1M", "-a", "builtin,ring"]) == 2
+    assert "over 4 rank(s) on this host" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "env, local",
+    [
+        ({"LOCAL_WORLD_SIZE": "8"}, 8),
+        ({"SLURM_NTASKS_PER_NODE": "4"}, 4),
+        ({"SLURM_NTASKS_PER_NODE": "2(x3)"}, 2),
+        ({"SLURM_NTASKS_PER_NODE": "?"}, 1),
+        ({}, 1),
+    ],
+)
+def test_the_ranks_sharing_a_host_under_torchrun_or_slurm(env, local, monkeypatch):
+    from commbench.bench import cli
+
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert cli._local_ranks() == local
+
+
+def test_no_fork_server_is_started_for_ranks_that_will_be_spawned(monkeypatch):
+    from commbench.bench import cli, starter
+
+    started = []
+    monkeypatch.setattr(starter, "start", lambda: started.append(True))
+    monkeypatch.setattr(starter, "launched_externally", lambda: False)
+    many = str(starter.FORKSERVER_MAX_RANKS + 1)
+    for argv in (["sweep", "--world-size", many], ["train", f"--world-size={many}"]):
+        cli._start_rank_server(argv)
+    assert started == []
+    for argv in (["sweep"], ["sweep", "--world-size", "4"], ["sweep", "--world-size", "x"]):
+        cli._start_rank_server(argv)
+    assert started == [True] * 3

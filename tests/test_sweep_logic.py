@@ -156,9 +156,9 @@ def test_the_series_take_turns_at_running_first(tmp_path, monkeypatch):
 def test_buffer_bytes_are_what_a_rank_holds_at_the_largest_size(collective, algorithms, world, per_series):
     from commbench.bench.sweep import buffer_bytes
 
-    config = SweepConfig(collective=collective, algorithms=algorithms, min_bytes=1024, max_bytes=1 << 20)
-    assert buffer_bytes(config, world) == sum(per_series(1 << 20))
-    no_limit = SweepConfig(
-        collective=collective, algorithms=algorithms, min_bytes=1024, max_bytes=3 << 19, limit=False
-    )
-    assert buffer_bytes(no_limit, world) == sum(per_series(1 << 20)[:-1])  # 3/2 MiB: the last size is 1 MiB
+    kw = dict(collective=collective, algorithms=algorithms, min_bytes=1024, check=False)
+    assert buffer_bytes(SweepConfig(**kw, max_bytes=1 << 20), world) == sum(per_series(1 << 20))
+    no_limit = SweepConfig(**kw, max_bytes=3 << 19, limit=False)  # 1.5 MiB: the last size is 1 MiB
+    assert buffer_bytes(no_limit, world) == sum(per_series(1 << 20)[:-1])
+    checked = SweepConfig(**{**kw, "check": True}, max_bytes=1 << 20)  # 32 B an element to check
+    assert buffer_bytes(checked, world) == sum(per_series(1 << 20)) + 32 * ((1 << 20) // 4)

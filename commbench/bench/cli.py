@@ -268,9 +268,21 @@ def _check_some_size_fits(config: Any, world: int) -> None:
         )
 
 
-def _check_memory(config: Any, spec: Any) -> None:
-    """Refuse a CPU sweep whose buffers alone exceed the memory available on this host: its ranks
-    would be killed (or fail to allocate) at the largest size, after the smaller ones had run."""
+def _local_ranks() -> int:
+    """Ranks on this host of a launch made by torchrun or SLURM (1 where neither says)."""
+    env = os.environ
+    text = env.get("LOCAL_WORLD_SIZE") or env.get("SLURM_NTASKS_PER_NODE") or "1"
+    try:
+        return max(1, int(text.split("(")[0]))
+    except ValueError:
+        return 1
+
+
+def _check_memory(config: Any, spec: Any, local: int | None = None) -> None:
+    """Refuse a CPU sweep whose buffers exceed the memory available on this host: its ranks would
+    be killed (or fail to allocate) at the largest size, after the smaller ones had run.
+
+    ``local`` is how many of the ranks share this host's memory (default: the local ranks)."""
     import psutil
 
     from commbench.bench import launch
@@ -278,7 +290,8 @@ def _check_memory(config: Any, spec: Any) -> None:
 
     if spec.device != "cpu":
         return
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if launch.launched_externally() else spec.world_size
+    if local is None:
+        local = _local_ranks() if launch.launched_externally() else spec.world_size
     need = local * buffer_bytes(config, spec.world_size)
     available = psutil.virtual_memory().available
     if need > available:
@@ -287,7 +300,7 @@ def _check_memory(config: Any, spec: Any) -> None:
             return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
         raise ValueError(
-            f"at {max(sizes(config))} bytes the sweep's buffers alone take {amount(need)} over {local} "
+            f"at {max(sizes(config))} bytes the sweep's buffers take at least {amount(need)} over {local} "
             f"rank(s) on this host, more than the {amount(available)} of memory available; lower "
             "--maxbytes or run fewer algorithms"
         )
@@ -425,7 +438,22 @@ def _start_rank_server(argv: list[str] | None) -> None:
     words = sys.argv[1:] if argv is None else argv
     command = next((w for w in words if not w.startswith("-")), None)
     if command in LAUNCHING and not {"-h", "--help"} & set(words) and not starter.launched_externally():
-        starter.start()
+        if _world_size_asked(words) <= starter.FORKSERVER_MAX_RANKS:  # more are spawned: no server
+            starter.start()
+
+
+def _world_size_asked(words: list[str]) -> int:
+    """The ``--world-size`` on a command line (0 where none, or none readable, is given)."""
+    for i, w in enumerate(words):
+        text = w.partition("=")[2] if w.startswith("--world-size=") else None
+        if w == "--world-size" and i + 1 < len(words):
+            text = words[i + 1]
+        if text is not None:
+            try:
+                return int(text)
+            except ValueError:
+                return 0
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

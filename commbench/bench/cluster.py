@@ -164,6 +164,14 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
     config = config_from_args(args)
     inner = build_parser().parse_args(list(config.inner))  # bad inner input: exit 2 before building
     _check_outputs(inner)
+    if inner.command == "sweep":  # every host's rank lives in this machine's memory
+        from commbench.bench import cli, launch
+
+        cli._check_memory(
+            cli.sweep_config(inner),
+            launch.LaunchSpec(world_size=config.hosts, device=inner.device),
+            config.hosts,
+        )
     (privileges or netns.check_privileges)()
     with tempfile.TemporaryDirectory(prefix="commbench-cluster-") as work:
         json_path = getattr(inner, "json", None)

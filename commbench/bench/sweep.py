@@ -117,10 +117,13 @@ def sizes(config: SweepConfig) -> list[int]:
     return out
 
 
+CHECK_BYTES_PER_ELEMENT = 32  # the check's float64 temporaries: expected, got, difference, bound
+
+
 def buffer_bytes(config: SweepConfig, world: int) -> int:
-    """Bytes of the buffers one rank holds at the sweep's largest size: every series' input,
-    output and pristine copy, as :func:`run_rank` makes them (here on the meta device, so nothing
-    is allocated). Scratch and the check's expected values come on top."""
+    """Bytes one rank holds at the sweep's largest size: every series' input, output and pristine
+    copy, as :func:`run_rank` makes them (here on the meta device, so nothing is allocated), and
+    with ``check`` the check's float64 temporaries for one series. Algorithms' scratch comes on top."""
     spec, dtype = SPECS[config.collective], parse_dtype(config.dtype)
     meta = torch.device("meta")
     count = max(spec.count(size, dtype.itemsize, world) for size in sizes(config))
@@ -131,7 +134,7 @@ def buffer_bytes(config: SweepConfig, world: int) -> int:
         )
         distinct = {id(t): t for t in (b.input, b.output, b.reference)}.values()
         total += sum(t.numel() * t.element_size() for t in distinct)
-    return total
+    return total + (CHECK_BYTES_PER_ELEMENT * count if config.check else 0)
 
 
 def stats_us(times_s: list[float]) -> dict[str, float]:
@@ -307,6 +310,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
             out.append(record)
             if rank == 0:
                 emit("record", record)
+        del bufs  # before the next size's are made: one size's buffers at a time
     return out
 
 
