@@ -284,7 +284,7 @@ def _check_spawn_memory(ranks: int) -> None:
         gib = 1 << 30
         raise ValueError(
             f"{ranks} local ranks are more than the fork server can start ({starter.FORKSERVER_MAX_RANKS}), "
-            f"and spawned, each imports torch itself: about {ranks * each / gib:.1f} GiB in all, more "
+            f"and spawned, each would import torch itself: about {ranks * each / gib:.1f} GiB in all, more "
             f"than the {available / gib:.1f} GiB of memory available here; use fewer ranks, or torchrun "
             "on more hosts"
         )

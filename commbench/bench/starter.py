@@ -6,7 +6,8 @@ rank from one server process instead; with torch and the launcher's module impor
 advance, a rank starts in a fraction of a second. The server is itself a fresh interpreter that
 only imports: it holds no CUDA context, no process group and no torch work, which forking the
 launcher itself could not promise (its one extra thread is OpenBLAS's, which re-creates its
-threads after a fork). Ranks are its children, not the launcher's.
+threads after a fork). Ranks are its children, not the launcher's (up to
+:data:`FORKSERVER_MAX_RANKS` local ranks; more are spawned by the launcher).
 
 This module does not import torch, so the CLI can start the server first and let its imports
 run beside the CLI's own (two cores, two imports at once).
