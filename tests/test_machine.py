@@ -9,7 +9,18 @@ from commbench.bench import machine, reporting
 
 def _git(root, *args: str) -> str:
     return subprocess.run(
-        ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        [
+            "git",
+            "-C",
+            str(root),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "commit.gpgsign=false",
+            *args,
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -32,7 +43,7 @@ def test_the_commit_and_whether_tracked_files_changed(tmp_path):
 
 def test_the_header_and_the_report_say_when_the_code_was_modified():
     info = machine.machine_info("gloo")
-    assert info["commit"] == machine.git_commit()[0] and info["commit_modified"] is machine.git_commit()[1]
+    assert (info["commit"], info["commit_modified"]) == machine.git_commit()
     runs = [
         reporting.Run(
             path=f"{modified}.jsonl",

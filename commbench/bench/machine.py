@@ -32,7 +32,9 @@ CHECKOUT = Path(__file__).resolve().parents[2]  # the repository root, when run 
 def _git(root: Path, *args: str) -> str | None:
     """Output of a git command in ``root`` (None where git fails there)."""
     try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "--no-optional-locks", "-C", str(root), *args], capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None
