@@ -192,7 +192,7 @@ def test_full_scale_on_cuda_without_cuda_is_refused_before_any_run(name, tmp_pat
     err = capsys.readouterr().err
     assert err == (
         f"commbench: error: {len(on_cuda)} of the {len(planned)} runs of this study at --full use "
-        "--device cuda, and CUDA is not available here (--dry-run lists them)\n"
+        "--device cuda, and CUDA is not available here (--dry-run lists the runs)\n"
     )
     assert not (tmp_path / "st").exists()
 
@@ -207,6 +207,8 @@ def test_full_scale_on_cuda_runs_where_cuda_is_seen(tmp_path, monkeypatch):
 
 def test_a_cpu_study_at_full_scale_is_not_refused_without_cuda(tmp_path, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    planned = study.plan(study.load_study("001_sync_strategies"), "full", tmp_path / "st")
-    assert study.validate(planned) == []
-    study.check_cuda([], len(planned), "full")  # nothing asks for CUDA: no error
+    monkeypatch.setattr(study, "cluster_available", lambda: "no emulated cluster in this test")
+    started, execute = _counting({1: 130})
+    config = study.StudyConfig(name="001_sync_strategies", scale="full", out_dir=str(tmp_path / "st"))
+    outcomes, md = study.run_study(config, execute=execute)
+    assert len(started) == 1 and "--device" not in started[0] and md is None

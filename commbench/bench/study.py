@@ -334,7 +334,7 @@ def validate(planned: Sequence[Planned]) -> list[Planned]:
                     cli.sweep_config(args)
             except (cli.UsageError, ValueError, TypeError) as exc:
                 raise ValueError(f"run {p.index} ({p.group}): {exc}: {shlex.join(argv)}") from None
-        if args.device == "cuda":
+        if getattr(args, "device", None) == "cuda":
             on_cuda.append(p)
     return on_cuda
 
@@ -348,7 +348,7 @@ def check_cuda(on_cuda: Sequence[Planned], total: int, scale: str) -> None:
         flag = {"full": " at --full", "tiny": " at --tiny"}.get(scale, "")
         raise ValueError(
             f"{len(on_cuda)} of the {total} runs of this study{flag} use --device cuda, and CUDA is "
-            "not available here (--dry-run lists them)"
+            "not available here (--dry-run lists the runs)"
         )
 
 
