@@ -248,17 +248,20 @@ class StepWindows:
     """Interface bytes of training steps, per strategy. Every rank reads its counters around each
     step, the window opened and closed by barriers (:func:`opened`; outside the step's timed
     region), so that no bytes of a step land in another strategy's count. The baseline is an idle
-    rate taken once at the start, scaled by the time spent inside the windows."""
+    rate taken at the start, scaled by the time spent inside the windows: the quietest of a few
+    idle intervals, as in :meth:`WireCounter.count`, so that a burst of someone else's traffic in
+    one of them is not taken away from every step after (one interval of 0.5 s, caught by such a
+    burst, once put a strategy's epoch at 0.97 of the cost model's bytes)."""
 
-    def __init__(self, counter: WireCounter, idle_s: float = 0.5) -> None:
+    def __init__(self, counter: WireCounter, idle_s: float = 0.25, intervals: int = 3) -> None:
         self.counter = counter
-        a = opened(lambda: host.read_nic(counter.nic))
-        t0 = time.perf_counter()
-        time.sleep(idle_s)
-        dist.barrier()
-        idle = host.nic_delta(a, host.read_nic(counter.nic))
-        elapsed = time.perf_counter() - t0
-        self.idle_rate = (idle.tx_bytes / elapsed, idle.rx_bytes / elapsed, idle.tx_packets / elapsed)
+        rates = []
+        for _ in range(intervals):
+            t0 = time.perf_counter()
+            idle = counter._idle(idle_s)
+            elapsed = time.perf_counter() - t0
+            rates.append((idle.tx_bytes / elapsed, idle.rx_bytes / elapsed, idle.tx_packets / elapsed))
+        self.idle_rate = min(rates)
         self.acc: dict[str, list[float]] = {}
 
     def around(self, key: str, run: Callable[[], None]) -> None:
