@@ -1,9 +1,20 @@
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from tests import recorded
 from tests.world import worlds_of
+
+
+def pytest_configure(config):
+    """The Ctrl-C tests send SIGINT to commbench processes they start. A suite started with SIGINT
+    ignored (``make test &`` from a script) would pass that on to them, and Python leaves an
+    inherited SIG_IGN in place: give the suite Python's own handler, which its children do not
+    inherit, so they start as from a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
