@@ -148,7 +148,8 @@ def test_sweep_writes_table_json_csv_and_plot(recorded_sweep):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "closed-terminal"])
 def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_path, sig):
-    """What Ctrl-C or a closed terminal sends to the terminal's process group: one line, every
+    """What Ctrl-C or a closed terminal sends to the terminal's process group (the sweep would run
+    for minutes; 256 MiB keeps it within the memory check on a 24 GB machine): one line, every
     finished point kept, no process left (multiprocessing's resource tracker, in the group too,
     must outlive a SIGHUP, or it is relaunched and prints a traceback for each semaphore)."""
     path = tmp_path / "r.jsonl"
@@ -161,7 +162,7 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
             "-b",
             "1K",
             "-e",
-            "1G",
+            "256M",
             "-n",
             "5",
             "-w",
@@ -441,16 +442,30 @@ def test_the_command_and_python_m_commbench_go_through_the_guarded_entry():
     )
 
 
-def _endless_sweep(tmp_path: Path) -> subprocess.Popen:
-    argv = ["sweep", "-b", "4K", "-e", "4K", "-n", "100000000", "-w", "1", "-q", "--no-probe"]
-    return subprocess.Popen(
-        [sys.executable, "-m", "commbench", *argv, "--json", str(tmp_path / "r.jsonl")],
+@contextlib.contextmanager
+def _endless(argv: list[str], **kwargs):
+    """A run that only a signal ends, in a session of its own; whatever it started is killed at the
+    end of the block, so a test that fails does not leave ranks running for the rest of the suite."""
+    proc = subprocess.Popen(
+        argv,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        **kwargs,
     )
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def _endless_sweep(tmp_path: Path):
+    argv = ["sweep", "-b", "4K", "-e", "4K", "-n", "100000000", "-w", "1", "-q", "--no-probe"]
+    return _endless([sys.executable, "-m", "commbench", *argv, "--json", str(tmp_path / "r.jsonl")])
 
 
 def _wait_for(find, count: int, timeout: float = 120) -> list[psutil.Process]:
@@ -509,13 +524,13 @@ def test_the_rank_server_starts_early_only_for_commands_that_start_ranks(monkeyp
 def test_ctrl_c_while_the_rank_server_loads_torch_is_one_line(tmp_path):
     """The fork server that starts the ranks imports torch beside the CLI; a Ctrl-C then ends
     both, with the CLI's one line and no traceback from the server."""
-    proc = _endless_sweep(tmp_path)
-    top = psutil.Process(proc.pid)
-    (server,) = _wait_for(lambda: _fork_servers(top), 1)
-    time.sleep(0.3)  # past the server's interpreter start, inside its import of torch
-    assert _children(server) == []  # no rank started yet: the signal lands in the server's import
-    os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    with _endless_sweep(tmp_path) as proc:
+        top = psutil.Process(proc.pid)
+        (server,) = _wait_for(lambda: _fork_servers(top), 1)
+        time.sleep(0.3)  # past the server's interpreter start, inside its import of torch
+        assert _children(server) == []  # no rank started yet: the signal lands in the server's import
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and err.count("\n") == 1 and err.startswith("commbench: interrupted"), err
     assert psutil.wait_procs([server], timeout=30)[1] == []
 
@@ -523,13 +538,13 @@ def test_ctrl_c_while_the_rank_server_loads_torch_is_one_line(tmp_path):
 def test_ctrl_c_while_the_ranks_start_ends_them_at_once(tmp_path):
     """Ranks still starting (joining the group) leave quietly at Ctrl-C, and at once: the
     launcher does not wait out its grace period for them."""
-    proc = _endless_sweep(tmp_path)
-    top = psutil.Process(proc.pid)
-    ranks = _wait_for(lambda: _ranks(top), 2)
-    start = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C at the terminal
-    _, err = proc.communicate(timeout=120)
-    took = time.monotonic() - start
+    with _endless_sweep(tmp_path) as proc:
+        top = psutil.Process(proc.pid)
+        ranks = _wait_for(lambda: _ranks(top), 2)
+        start = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C at the terminal
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - start
     assert proc.returncode == 130 and err.count("\n") == 1 and err.startswith("commbench: interrupted"), err
     assert took < 20, took  # the launcher's grace period for ranks that do not stop is 30 s
     _, alive = psutil.wait_procs(ranks, timeout=30)
@@ -556,21 +571,14 @@ def test_ctrl_c_the_moment_a_rank_is_forked_is_not_lost(tmp_path):
     assert callable(getattr(forkserver, "_serve_one", None)), "the moment to widen is gone"
     script = tmp_path / "slow_fork.py"
     script.write_text(SLOW_FORK)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "r.jsonl")],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    top = psutil.Process(proc.pid)
-    ranks = _wait_for(lambda: _ranks(top), 2)
-    start = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    took = time.monotonic() - start
+    argv = [sys.executable, str(script), str(tmp_path / "r.jsonl")]
+    with _endless(argv, env={**os.environ, "PYTHONPATH": str(ROOT)}) as proc:
+        top = psutil.Process(proc.pid)
+        ranks = _wait_for(lambda: _ranks(top), 2)
+        start = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - start
     assert proc.returncode == 130 and err.count("\n") == 1 and err.startswith("commbench: interrupted"), err
     assert took < 20, took  # a lost signal: the launcher's 30 s grace, then SIGKILL
     assert psutil.wait_procs(ranks, timeout=30)[1] == []
