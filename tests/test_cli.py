@@ -686,11 +686,11 @@ def test_a_sweep_whose_buffers_exceed_the_memory_is_refused_before_any_rank(tmp_
     # at 1 MiB with builtin and ring: 7 MiB of buffers and 8 MiB for the check a rank
     Memory.available = 40 << 20
     config = cli.sweep_config(cli.build_parser().parse_args(["sweep", "-e", "1M", "-a", "builtin,ring"]))
-    cli._check_memory(config, launch.LaunchSpec(world_size=2))
+    cli.check_sweep_memory(config, launch.LaunchSpec(world_size=2))
     with pytest.raises(
         ValueError, match=r"take at least 60\.0 MiB over 4 rank\(s\) on this host, more than the 40\.0 MiB"
     ):
-        cli._check_memory(config, launch.LaunchSpec(world_size=4))
+        cli.check_sweep_memory(config, launch.LaunchSpec(world_size=4))
     # every emulated host of a cluster is a rank in this machine's memory (refused before it is built)
     assert main(["cluster", "--hosts", "4", "--", "sweep", "-e", "1M", "-a", "builtin,ring"]) == 2
     assert "over 4 rank(s) on this host" in capsys.readouterr().err

@@ -278,7 +278,7 @@ def _local_ranks() -> int:
         return 1
 
 
-def _check_memory(config: Any, spec: Any, local: int | None = None) -> None:
+def check_sweep_memory(config: Any, spec: Any, local: int | None = None) -> None:
     """Refuse a CPU sweep whose buffers exceed the memory available on this host: its ranks would
     be killed (or fail to allocate) at the largest size, after the smaller ones had run.
 
@@ -314,7 +314,7 @@ def cmd_sweep(config: Any, spec: Any, plot_path: str | None) -> int:
     if config.root >= spec.world_size:
         raise ValueError(f"root {config.root} is not a rank of a world of {spec.world_size}")
     _check_some_size_fits(config, spec.world_size)
-    _check_memory(config, spec)
+    check_sweep_memory(config, spec)
     if plot_path:
         check_plot_path(plot_path)
     for path in (config.json_path, config.csv_path):

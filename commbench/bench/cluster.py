@@ -167,7 +167,7 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
     if inner.command == "sweep":  # every host's rank lives in this machine's memory
         from commbench.bench import cli, launch
 
-        cli._check_memory(
+        cli.check_sweep_memory(
             cli.sweep_config(inner),
             launch.LaunchSpec(world_size=config.hosts, device=inner.device),
             config.hosts,
