@@ -162,3 +162,50 @@ def test_buffer_bytes_are_what_a_rank_holds_at_the_largest_size(collective, algo
     assert buffer_bytes(no_limit, world) == sum(per_series(1 << 20)[:-1])
     checked = SweepConfig(**{**kw, "check": True}, max_bytes=1 << 20)  # 32 B an element to check
     assert buffer_bytes(checked, world) == sum(per_series(1 << 20)) + 32 * ((1 << 20) // 4)
+
+
+def _expected_whole(name, world, rank, root, m, op, dtype):
+    """The whole expected output of ``name`` at ``rank``, made in one piece (no chunks)."""
+    cpu = torch.device("cpu")
+    if name in ("all_reduce", "reduce"):
+        return reduced_pattern(world, m, op, dtype, cpu)
+    if name == "reduce_scatter":
+        return reduced_pattern(world, m * world, op, dtype, cpu)[rank * m : (rank + 1) * m]
+    if name == "all_gather":
+        return torch.cat([pattern(r, m, "sum", dtype, cpu) for r in range(world)])
+    if name == "broadcast":
+        return pattern(root, m, "sum", dtype, cpu)
+    return pattern((rank - 1) % world, m, "sum", dtype, cpu)  # sendrecv: the left neighbour's input
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "sendrecv"])
+@pytest.mark.parametrize("chunk", [1, 4, 7, 1000])
+def test_the_check_in_chunks_counts_what_a_whole_comparison_counts(name, chunk, monkeypatch):
+    """Each chunk's expected values are the right slice: a correct output has no wrong element,
+    and every planted error, chunk boundaries included, is counted once."""
+    from commbench.bench import collectives
+
+    monkeypatch.setattr(collectives, "CHECK_CHUNK", chunk)
+    spec = collectives.SPECS[name]
+    world, root, m = 3, 1, 11  # 11 per rank: chunks of 4 and 7 end inside a rank's part
+    for op, dtype in (("sum", torch.float32), ("prod", torch.int64), ("max", torch.bfloat16)):
+        for rank in range(world):
+            b = spec.make(m * world if name in ("reduce_scatter", "all_gather") else m,
+                          dtype, torch.device("cpu"), rank, world, op, root)
+            if name == "reduce" and rank != root:
+                assert spec.wrong(b, op, rank, world, root) == 0
+                continue
+            b.output.copy_(_expected_whole(name, world, rank, root, m, op, dtype))
+            assert spec.wrong(b, op, rank, world, root) == 0, (op, rank)
+            planted = sorted({0, 3, 4, b.output.numel() - 1} & set(range(b.output.numel())))
+            b.output[planted] += 100
+            assert spec.wrong(b, op, rank, world, root) == len(planted), (op, rank)
+
+
+def test_the_check_needs_one_chunk_of_temporaries_not_one_message():
+    from commbench.bench.collectives import CHECK_CHUNK
+    from commbench.bench.sweep import CHECK_BYTES_PER_ELEMENT, buffer_bytes
+
+    kw = dict(algorithms=("ring",), min_bytes=1 << 30, max_bytes=1 << 30, limit=False)
+    extra = buffer_bytes(SweepConfig(**kw, check=True), 2) - buffer_bytes(SweepConfig(**kw, check=False), 2)
+    assert extra == CHECK_BYTES_PER_ELEMENT * CHECK_CHUNK < (1 << 30) // 4

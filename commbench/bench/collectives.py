@@ -10,6 +10,7 @@ reduction has an exact expected value for small world sizes in every dtype.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +36,9 @@ def _period(op: str) -> int:
 
 
 def pattern(rank: int, count: int, op: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Rank ``rank``'s input: 1 + (rank + i) mod P for i in range(count)."""
+    """Rank ``rank``'s input: 1 + (rank + i) mod P for i in range(count).
+
+    Elements k .. k+n of it are ``pattern(rank + k, n, ...)``."""
     period = _period(op)
     base = torch.tensor([1 + (rank + j) % period for j in range(period)], dtype=dtype, device=device)
     reps = -(-count // period) if count else 0
@@ -66,6 +69,9 @@ def poison(t: torch.Tensor) -> None:
     t.fill_(float("nan") if t.dtype.is_floating_point else -1)
 
 
+CHECK_CHUNK = 1 << 20  # elements compared at a time: the check's temporaries stay near 32 MiB
+
+
 def count_wrong(got: torch.Tensor, expected: torch.Tensor) -> int:
     """Elements of ``got`` that differ from ``expected`` beyond the dtype's rounding."""
     if got.numel() == 0:
@@ -75,6 +81,16 @@ def count_wrong(got: torch.Tensor, expected: torch.Tensor) -> int:
         g, e = got.double(), expected.double()
         return int((~((g - e).abs() <= rtol * e.abs() + 1e-6)).sum().item())  # NaN counts as wrong
     return int((got != expected).sum().item())
+
+
+def count_wrong_at(got: torch.Tensor, expected_at: Callable[[int, int], torch.Tensor]) -> int:
+    """:func:`count_wrong` of flat ``got`` against ``expected_at(start, n)``, the expected values of
+    elements start .. start+n, :data:`CHECK_CHUNK` elements at a time, so that checking a message
+    of any size takes a bounded amount of memory beside it."""
+    return sum(
+        count_wrong(got[a : a + CHECK_CHUNK], expected_at(a, min(CHECK_CHUNK, got.numel() - a)))
+        for a in range(0, got.numel(), CHECK_CHUNK)
+    )
 
 
 class _Spec:
@@ -99,9 +115,8 @@ class AllReduce(_Spec):
         comm.all_reduce(b.input, op, algorithm, group, check=False, workspace=workspace)
 
     def wrong(self, b: Buffers, op, rank, world, root) -> int:
-        return count_wrong(
-            b.output, reduced_pattern(world, b.output.numel(), op, b.output.dtype, b.output.device)
-        )
+        out = b.output
+        return count_wrong_at(out, lambda a, n: reduced_pattern(world, n, op, out.dtype, out.device, a))
 
 
 class ReduceScatter(_Spec):
@@ -121,8 +136,8 @@ class ReduceScatter(_Spec):
         comm.reduce_scatter(b.output, b.input, op, algorithm, group, check=False, workspace=workspace)
 
     def wrong(self, b, op, rank, world, root) -> int:
-        m = b.output.numel()
-        return count_wrong(b.output, reduced_pattern(world, m, op, b.output.dtype, b.output.device, rank * m))
+        out, m = b.output, b.output.numel()
+        return count_wrong_at(out, lambda a, n: reduced_pattern(world, n, op, out.dtype, out.device, rank * m + a))
 
 
 class AllGather(_Spec):
@@ -144,9 +159,17 @@ class AllGather(_Spec):
         comm.all_gather(b.output, b.input, algorithm, group, check=False, workspace=workspace)
 
     def wrong(self, b, op, rank, world, root) -> int:
-        m = b.input.numel()
-        expected = torch.cat([pattern(r, m, "sum", b.output.dtype, b.output.device) for r in range(world)])
-        return count_wrong(b.output, expected)
+        out, m = b.output, b.input.numel()
+
+        def expected_at(a: int, n: int) -> torch.Tensor:
+            # Rank r's input fills elements r*m .. (r+1)*m; element j of it is pattern(r + j, 1).
+            parts = []
+            for r in range(a // m, (a + n - 1) // m + 1):
+                lo, hi = max(a, r * m), min(a + n, (r + 1) * m)
+                parts.append(pattern(r + lo - r * m, hi - lo, "sum", out.dtype, out.device))
+            return torch.cat(parts)
+
+        return count_wrong_at(out, expected_at)
 
 
 class Broadcast(_Spec):
@@ -162,7 +185,8 @@ class Broadcast(_Spec):
         comm.broadcast(b.input, root, algorithm, group, check=False, workspace=workspace)
 
     def wrong(self, b, op, rank, world, root) -> int:
-        return count_wrong(b.output, pattern(root, b.output.numel(), "sum", b.output.dtype, b.output.device))
+        out = b.output
+        return count_wrong_at(out, lambda a, n: pattern(root + a, n, "sum", out.dtype, out.device))
 
 
 class Reduce(_Spec):
@@ -178,9 +202,8 @@ class Reduce(_Spec):
     def wrong(self, b, op, rank, world, root) -> int:
         if rank != root:
             return 0
-        return count_wrong(
-            b.output, reduced_pattern(world, b.output.numel(), op, b.output.dtype, b.output.device)
-        )
+        out = b.output
+        return count_wrong_at(out, lambda a, n: reduced_pattern(world, n, op, out.dtype, out.device, a))
 
 
 class SendRecv(_Spec):
@@ -220,8 +243,8 @@ class SendRecv(_Spec):
         )
 
     def wrong(self, b, op, rank, world, root) -> int:
-        left = (rank - 1) % world
-        return count_wrong(b.output, pattern(left, b.output.numel(), "sum", b.output.dtype, b.output.device))
+        out, left = b.output, (rank - 1) % world
+        return count_wrong_at(out, lambda a, n: pattern(left + a, n, "sum", out.dtype, out.device))
 
 
 SPECS: dict[str, _Spec] = {

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from commbench import comm
-from commbench.bench.collectives import SPECS, algorithms_for, poison
+from commbench.bench.collectives import CHECK_CHUNK, SPECS, algorithms_for, poison
 from commbench.bench.records import RecordWriter, SweepRecord, check_distinct, say
 from commbench.comm.costmodel import cost
 from commbench.comm.ops import check_op, parse_dtype
@@ -123,7 +123,8 @@ CHECK_BYTES_PER_ELEMENT = 32  # the check's float64 temporaries: expected, got, 
 def buffer_bytes(config: SweepConfig, world: int) -> int:
     """Bytes one rank holds at the sweep's largest size: every series' input, output and pristine
     copy, as :func:`run_rank` makes them (here on the meta device, so nothing is allocated), and
-    with ``check`` the check's float64 temporaries for one series. Algorithms' scratch comes on top."""
+    with ``check`` the check's float64 temporaries for one chunk (it compares :data:`CHECK_CHUNK`
+    elements at a time). Algorithms' scratch comes on top."""
     spec, dtype = SPECS[config.collective], parse_dtype(config.dtype)
     meta = torch.device("meta")
     count = max(spec.count(size, dtype.itemsize, world) for size in sizes(config))
@@ -134,7 +135,7 @@ def buffer_bytes(config: SweepConfig, world: int) -> int:
         )
         distinct = {id(t): t for t in (b.input, b.output, b.reference)}.values()
         total += sum(t.numel() * t.element_size() for t in distinct)
-    return total + (CHECK_BYTES_PER_ELEMENT * count if config.check else 0)
+    return total + (CHECK_BYTES_PER_ELEMENT * min(count, CHECK_CHUNK) if config.check else 0)
 
 
 def stats_us(times_s: list[float]) -> dict[str, float]:
