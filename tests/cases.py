@@ -330,6 +330,64 @@ def _plan_reuse(case: dict[str, Any]) -> list[str]:
     return failures
 
 
+def _sweep_sizes_freed(case: dict[str, Any]) -> list[int]:
+    """A sweep holds one size's memory at a time: when it makes a size's buffers, how many
+    storages of the sizes before it are still alive (kept schedules view their tensors)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from commbench.bench import sweep
+
+    spec = SPECS["all_reduce"]
+    made: list[tuple[int, StorageWeakRef]] = []  # (element count, storage) of every buffer made
+    alive_at_make: dict[int, int] = {}
+
+    def make(count: int, *args: Any) -> Any:
+        gc.collect()
+        earlier = sum(not ref.expired() for c, ref in made if c != count)
+        alive_at_make[count] = max(alive_at_make.get(count, 0), earlier)
+        b = real(count, *args)
+        made.extend((count, StorageWeakRef(t.untyped_storage())) for t in (b.input, b.output, b.reference))
+        return b
+
+    real = spec.make
+    spec.make = make  # an instance attribute, removed below
+    try:
+        config = sweep.SweepConfig(
+            algorithms=tuple(case["algorithms"]),
+            min_bytes=1 << 16,
+            max_bytes=1 << 19,
+            iters=1,
+            warmup=1,
+            probe=False,
+        )
+        sweep.run_rank(config, "cpu", lambda kind, payload: None)
+    finally:
+        del spec.make
+    return [alive_at_make[c] for c in sorted(alive_at_make)]
+
+
+def _scratch(case: dict[str, Any]) -> dict[str, int]:
+    """Bytes a fresh Workspace holds after one call of each collective and algorithm, called as
+    the sweep calls them; keyed "collective/algorithm/count"."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    held = {}
+    for name, algorithms in comm.ALGORITHMS.items():
+        spec = SPECS[name]
+        for count in case["counts"]:
+            count = spec.count(count * 4, 4, world)
+            for algorithm in algorithms:
+                workspace = comm.Workspace()
+                b = spec.make(count, torch.float32, torch.device("cpu"), rank, world, "sum", case["root"])
+                b.input.copy_(b.reference)
+                spec.run(b, algorithm, "sum", case["root"], None, workspace)
+                if spec.wrong(b, "sum", rank, world, case["root"]):
+                    raise AssertionError(f"{name}/{algorithm} at {count} went wrong")
+                held[f"{name}/{algorithm}/{count}"] = sum(
+                    t.numel() * t.element_size() for t in workspace._buffers.values()
+                )
+    return held
+
+
 def run_case(case: tuple[str, dict[str, Any]]) -> Any:
     kind, body = case
     return {
@@ -346,4 +404,6 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "plan_reuse": _plan_reuse,
         "congestion": _congestion,
         "freed": _freed,
+        "sweep_freed": _sweep_sizes_freed,
+        "scratch": _scratch,
     }[kind](body)

@@ -78,7 +78,7 @@ def test_every_dtype_and_op_at_every_world_size(worlds, world_size, collective):
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 5])
-@pytest.mark.parametrize(("count", "segment_bytes"), [(211, 16), (7, 4), (0, 4), (4099, 1024)])
+@pytest.mark.parametrize(("count", "segment_bytes"), [(211, 16), (7, 4), (0, 4), (4099, 1024), (150, 4)])
 def test_ring_pipeline_with_many_segments(worlds, world_size, count, segment_bytes):
     case = {"count": count, "segment_bytes": segment_bytes}
     assert worlds(world_size).run(("segmented", case)) == [[]] * world_size
@@ -188,3 +188,27 @@ def test_a_destroyed_group_is_freed_not_kept_until_the_exit(worlds, world_size):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_kept_schedules_serve_only_their_own_tensors(worlds, world_size):
     assert worlds(world_size).run(("plan_reuse", {})) == [[]] * world_size
+
+
+def test_a_sweep_frees_each_sizes_buffers_before_making_the_next(worlds):
+    """Schedules kept from one size held its tensors through the next sizes: at 1 GiB a rank
+    held the 512, 256 and 128 MiB ring buffers too."""
+    alive = worlds(2).run(("sweep_freed", {"algorithms": ["builtin", "ring", "auto", "rd", "naive"]}))
+    assert alive == [[0, 0, 0, 0]] * 2
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_scratch_memory_is_what_the_cost_model_says(worlds, world_size):
+    """Per rank and byte for byte, for every collective and algorithm; 3,000,001 elements take
+    several ring segments and leave a tail for ring reduce's tree."""
+    from commbench.comm.costmodel import scratch_bytes
+
+    root = 1
+    per_rank = worlds(world_size).run(("scratch", {"counts": [1000, 3_000_001], "root": root}))
+    assert per_rank[0].keys() == per_rank[-1].keys() and len(per_rank[0]) == 2 * sum(
+        map(len, ALGORITHMS.values())
+    )
+    for key in per_rank[0]:
+        collective, algorithm, count = key.split("/")
+        model = scratch_bytes(collective, algorithm, world_size, int(count), 4, root=root)
+        assert tuple(held[key] for held in per_rank) == model, key

@@ -178,7 +178,9 @@ def _expected_whole(name, world, rank, root, m, op, dtype):
     return pattern((rank - 1) % world, m, "sum", dtype, cpu)  # sendrecv: the left neighbour's input
 
 
-@pytest.mark.parametrize("name", ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "sendrecv"])
+@pytest.mark.parametrize(
+    "name", ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "sendrecv"]
+)
 @pytest.mark.parametrize("chunk", [1, 4, 7, 1000])
 def test_the_check_in_chunks_counts_what_a_whole_comparison_counts(name, chunk, monkeypatch):
     """Each chunk's expected values are the right slice: a correct output has no wrong element,
@@ -190,8 +192,15 @@ def test_the_check_in_chunks_counts_what_a_whole_comparison_counts(name, chunk, 
     world, root, m = 3, 1, 11  # 11 per rank: chunks of 4 and 7 end inside a rank's part
     for op, dtype in (("sum", torch.float32), ("prod", torch.int64), ("max", torch.bfloat16)):
         for rank in range(world):
-            b = spec.make(m * world if name in ("reduce_scatter", "all_gather") else m,
-                          dtype, torch.device("cpu"), rank, world, op, root)
+            b = spec.make(
+                m * world if name in ("reduce_scatter", "all_gather") else m,
+                dtype,
+                torch.device("cpu"),
+                rank,
+                world,
+                op,
+                root,
+            )
             if name == "reduce" and rank != root:
                 assert spec.wrong(b, op, rank, world, root) == 0
                 continue
@@ -209,3 +218,48 @@ def test_the_check_needs_one_chunk_of_temporaries_not_one_message():
     kw = dict(algorithms=("ring",), min_bytes=1 << 30, max_bytes=1 << 30, limit=False)
     extra = buffer_bytes(SweepConfig(**kw, check=True), 2) - buffer_bytes(SweepConfig(**kw, check=False), 2)
     assert extra == CHECK_BYTES_PER_ELEMENT * CHECK_CHUNK < (1 << 30) // 4
+
+
+@pytest.mark.parametrize(
+    "max_bytes, auto_runs",
+    [(64 << 20, "ring"), (1 << 20, "naive")],  # at 4 ranks auto runs naive up to 2 MiB, then the ring
+)
+def test_scratch_counts_each_algorithm_that_runs_once(max_bytes, auto_runs):
+    """Series share one Workspace a size: auto shares the scratch of the algorithm it runs."""
+    from commbench.bench.sweep import scratch_per_rank
+    from commbench.comm.costmodel import scratch_bytes
+
+    count = max_bytes // 4
+    config = SweepConfig(
+        algorithms=("builtin", "naive", "ring", "auto"), min_bytes=max_bytes, max_bytes=max_bytes
+    )
+    naive, ring = (scratch_bytes("all_reduce", a, 4, count, 4) for a in ("naive", "ring"))
+    assert naive == (3 * max_bytes, 0, 0, 0) and ring[0] > 0
+    assert scratch_per_rank(config, 4) == [a + b for a, b in zip(naive, ring, strict=True)]
+    without_naive = SweepConfig(algorithms=("builtin", "auto"), min_bytes=max_bytes, max_bytes=max_bytes)
+    assert scratch_per_rank(without_naive, 4) == list({"ring": ring, "naive": naive}[auto_runs])
+    sendrecv = SweepConfig(
+        collective="sendrecv", algorithms=("p2p",), min_bytes=max_bytes, max_bytes=max_bytes
+    )
+    assert scratch_per_rank(sendrecv, 4) == [0] * 4
+
+
+def test_under_torchrun_the_memory_check_counts_the_local_ranks_with_most_scratch(monkeypatch):
+    """Which global ranks share this host is not known before they start: naive's root may."""
+    from commbench.bench import cli, launch
+    from commbench.bench.sweep import buffer_bytes
+
+    class Memory:
+        available = 0
+
+    monkeypatch.setattr("psutil.virtual_memory", lambda: Memory())
+    monkeypatch.setattr(launch, "launched_externally", lambda: True)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    config = SweepConfig(algorithms=("naive",), min_bytes=64 << 20, max_bytes=64 << 20, limit=False)
+    spec = launch.LaunchSpec(world_size=4)
+    need = buffer_bytes(config, 4) + 3 * (64 << 20)  # one rank: its buffers and the root's scratch
+    Memory.available = need
+    cli.check_sweep_memory(config, spec)
+    Memory.available = need - 1
+    with pytest.raises(ValueError, match="over 1 rank"):
+        cli.check_sweep_memory(config, spec)

@@ -286,13 +286,15 @@ def check_sweep_memory(config: Any, spec: Any, local: int | None = None) -> None
     import psutil
 
     from commbench.bench import launch
-    from commbench.bench.sweep import buffer_bytes, sizes
+    from commbench.bench.sweep import buffer_bytes, scratch_per_rank, sizes
 
     if spec.device != "cpu":
         return
     if local is None:
         local = _local_ranks() if launch.launched_externally() else spec.world_size
-    need = local * buffer_bytes(config, spec.world_size)
+    # Which ranks share this host is not known before they start: count the ones with most scratch.
+    scratch = sorted(scratch_per_rank(config, spec.world_size), reverse=True)[:local]
+    need = local * buffer_bytes(config, spec.world_size) + sum(scratch)
     available = psutil.virtual_memory().available
     if need > available:
 
@@ -300,9 +302,9 @@ def check_sweep_memory(config: Any, spec: Any, local: int | None = None) -> None
             return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
         raise ValueError(
-            f"at {max(sizes(config))} bytes the sweep's buffers take at least {amount(need)} over {local} "
-            f"rank(s) on this host, more than the {amount(available)} of memory available; lower "
-            "--maxbytes or run fewer algorithms"
+            f"at {max(sizes(config))} bytes the sweep's buffers and scratch take at least {amount(need)} "
+            f"over {local} rank(s) on this host, more than the {amount(available)} of memory available; "
+            "lower --maxbytes or run fewer algorithms"
         )
 
 

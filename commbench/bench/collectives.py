@@ -137,7 +137,9 @@ class ReduceScatter(_Spec):
 
     def wrong(self, b, op, rank, world, root) -> int:
         out, m = b.output, b.output.numel()
-        return count_wrong_at(out, lambda a, n: reduced_pattern(world, n, op, out.dtype, out.device, rank * m + a))
+        return count_wrong_at(
+            out, lambda a, n: reduced_pattern(world, n, op, out.dtype, out.device, rank * m + a)
+        )
 
 
 class AllGather(_Spec):

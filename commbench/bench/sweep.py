@@ -21,7 +21,7 @@ import torch.distributed as dist
 from commbench import comm
 from commbench.bench.collectives import CHECK_CHUNK, SPECS, algorithms_for, poison
 from commbench.bench.records import RecordWriter, SweepRecord, check_distinct, say
-from commbench.comm.costmodel import cost
+from commbench.comm.costmodel import cost, scratch_bytes
 from commbench.comm.ops import check_op, parse_dtype
 
 LIMIT = "limit"  # name of the sendrecv series measured beside the algorithms
@@ -138,6 +138,25 @@ def buffer_bytes(config: SweepConfig, world: int) -> int:
     return total + (CHECK_BYTES_PER_ELEMENT * min(count, CHECK_CHUNK) if config.check else 0)
 
 
+def scratch_per_rank(config: SweepConfig, world: int) -> list[int]:
+    """Bytes of algorithms' scratch each rank holds at the sweep's largest size (the cost model's
+    :func:`~commbench.comm.costmodel.scratch_bytes`, summed over the series; series that run the
+    same algorithm share it). The workspace is made afresh for each size."""
+    spec, dtype = SPECS[config.collective], parse_dtype(config.dtype)
+    size = max(sizes(config))
+    count = spec.count(size, dtype.itemsize, world)
+    if config.collective == "sendrecv":
+        return [0] * world
+    ran = {
+        comm.resolve(config.collective, s, count * dtype.itemsize, world) for s in config.series if s != LIMIT
+    }
+    per_rank = [0] * world
+    for algorithm in sorted(ran):
+        held = scratch_bytes(config.collective, algorithm, world, count, dtype.itemsize, root=config.root)
+        per_rank = [a + b for a, b in zip(per_rank, held, strict=True)]
+    return per_rank
+
+
 def stats_us(times_s: list[float]) -> dict[str, float]:
     """p50 (the headline), min, mean, p90 and max of per-iteration times, in microseconds."""
     us = sorted(t * 1e6 for t in times_s)
@@ -198,7 +217,6 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
     dtype = parse_dtype(config.dtype)
     spec = SPECS[config.collective]
     limit_spec = SPECS["sendrecv"]
-    workspace = comm.Workspace()
     timer = _Timer(device)
     op = config.op if spec.needs_op else None
     all_sizes = sizes(config)
@@ -224,6 +242,10 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
         if count == 0:
             continue
         size_bytes = count * dtype.itemsize
+        # A fresh one per size, before the buffers: the schedules a Workspace keeps view the tensors
+        # they were made for, so one kept for the whole sweep held earlier sizes' buffers (at 1 GiB
+        # the 512, 256 and 128 MiB ones).
+        workspace = comm.Workspace()
         bufs = {
             s: (limit_spec if s == LIMIT else spec).make(
                 count, dtype, device, rank, world, config.op, config.root

@@ -1,4 +1,5 @@
-"""The cost model: bytes each rank sends and receives, and the alpha-beta time of each algorithm.
+"""The cost model: bytes each rank sends and receives, and the alpha-beta time of each algorithm;
+also the scratch memory each rank's Workspace holds for a call (:func:`scratch_bytes`).
 
 Sizes follow nccl-tests: for reduce_scatter and all_gather ``count`` is the whole (gathered)
 array, n times the per-rank part. ``builtin`` is priced as a ring, the algorithm gloo and NCCL
@@ -21,7 +22,8 @@ from commbench.comm.chunking import (
     split,
     tree_depth,
 )
-from commbench.comm.ring import SEGMENT_BYTES
+from commbench.comm.pipeline import RECV_AHEAD
+from commbench.comm.ring import SEGMENT_BYTES, receive_slots
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +192,66 @@ def cost(
         steps=steps,
         critical_bytes=critical,
     )
+
+
+def _ring_reduce_scatter_scratch(
+    chunk: int, n: int, itemsize: int, segment_bytes: int, in_place: bool
+) -> int:
+    """Elements of a ring reduce-scatter's scratch over chunks of at most ``chunk`` elements: the
+    slots arriving segments land in, and out of place (n > 2) a spare chunk for partial sums."""
+    nseg = num_segments(chunk, itemsize, segment_bytes)
+    slots = max(1, min(receive_slots(nseg, RECV_AHEAD), (n - 1) * nseg))
+    return slots * -(-chunk // nseg) + (0 if in_place or n <= 2 else chunk)
+
+
+def _tree_reduce_scratch(count: int, rel: int, n: int) -> int:
+    """Elements a binomial-tree reduce keeps at relative rank ``rel``: one message per child, and
+    off the destination a copy for the partial result."""
+    children = len(binomial_children(rel, n))
+    return children * count + (count if children and rel != 0 else 0)
+
+
+def scratch_bytes(
+    collective: str,
+    algorithm: str,
+    world_size: int,
+    count: int,
+    itemsize: int,
+    *,
+    root: int = 0,
+    segment_bytes: int = SEGMENT_BYTES,
+) -> tuple[int, ...]:
+    """Bytes of scratch each rank's :class:`~commbench.comm.Workspace` holds after one call over
+    gloo, input and output distinct (as a sweep calls them). ``builtin``'s memory is the
+    backend's own and not counted. Arguments as for :func:`cost`."""
+    n = world_size
+    if n < 1:
+        raise ValueError(f"world_size must be >= 1, got {n}")
+    if algorithm == "auto":
+        algorithm = tuning.choose(collective, count * itemsize, n)
+    rel = [(r - root) % n for r in range(n)]
+    elems = [0] * n
+    if n > 1 and count > 0 and algorithm != "builtin":
+        part = count // n
+        # naive gathers at rank 0, or at the root of a reduce: one message per peer
+        if (collective, algorithm) == ("reduce", "naive"):
+            elems = [(n - 1) * count if x == 0 else 0 for x in rel]
+        elif (collective, algorithm) == ("all_reduce", "naive"):
+            elems = [(n - 1) * count] + [0] * (n - 1)
+        elif (collective, algorithm) == ("reduce_scatter", "naive"):
+            elems = [n * count] + [0] * (n - 1)  # and the reduced whole
+        elif (collective, algorithm) == ("all_reduce", "rd"):
+            elems = [count] * n
+        elif (collective, algorithm) == ("all_reduce", "ring"):
+            elems = [_ring_reduce_scatter_scratch(-(-count // n), n, itemsize, segment_bytes, True)] * n
+        elif (collective, algorithm) == ("reduce_scatter", "ring") and part > 0:
+            elems = [_ring_reduce_scatter_scratch(part, n, itemsize, segment_bytes, False)] * n
+        elif (collective, algorithm) == ("reduce", "tree"):
+            elems = [_tree_reduce_scratch(count, x, n) for x in rel]
+        elif (collective, algorithm) == ("reduce", "ring"):
+            body = part + _ring_reduce_scatter_scratch(part, n, itemsize, segment_bytes, False) if part else 0
+            elems = [body + _tree_reduce_scratch(count - part * n, x, n) for x in rel]
+    return tuple(e * itemsize for e in elems)
 
 
 def bus_factor(collective: str, world_size: int) -> float:

@@ -110,6 +110,13 @@ def _plan(chunks: list[Span], itemsize: int, segment_bytes: int, group) -> tuple
     return nseg, pipeline.receives_ahead(group)
 
 
+def receive_slots(nseg: int, ahead: int) -> int:
+    """Scratch slots a reduce-scatter's arriving segments need: as many as receives can be
+    outstanding. With receives posted ahead (gloo) that is the look-ahead; without (NCCL) each is
+    posted with its unit's send, up to ``nseg`` (the lag) before it is reduced."""
+    return ahead or nseg
+
+
 def _run(units: list[Unit], rank: int, world: int, nseg: int, ahead: int, op: str, group) -> None:
     pipeline.run(
         units,
@@ -139,7 +146,7 @@ def all_reduce(
 
         def build() -> list[Unit]:
             units = _reduce_scatter_units(
-                flat, chunks, flat, rank, world, nseg, max(ahead, nseg), workspace, in_place=True
+                flat, chunks, flat, rank, world, nseg, receive_slots(nseg, ahead), workspace, in_place=True
             )
             return units + _all_gather_units(flat, chunks, rank, world, nseg)
 
@@ -170,7 +177,15 @@ def _reduce_scatter_equal(
             workspace,
             key,
             lambda: _reduce_scatter_units(
-                flat_in, chunks, flat_out, rank, world, nseg, max(ahead, nseg), workspace, in_place=False
+                flat_in,
+                chunks,
+                flat_out,
+                rank,
+                world,
+                nseg,
+                receive_slots(nseg, ahead),
+                workspace,
+                in_place=False,
             ),
         )
         _run(units, rank, world, nseg, ahead, op, group)
