@@ -375,3 +375,28 @@ def test_the_fork_server_reports_start_up_errors_through_that_hook():
     hook = "commbench.bench.starter.quiet_if_launcher_gone"
     code = f"import sys, commbench.bench.rankhost, commbench.bench.starter\nprint(sys.excepthook is {hook})"
     assert _python(code).stdout.strip() == "True"
+
+
+def test_a_rank_stopped_while_writing_its_error_does_not_hide_the_rank_that_died(tmp_path, monkeypatch):
+    """The launcher read an empty rank0.err (rank 0 was stopped as it wrote it) and ended with
+    "could not convert string to float" instead of naming rank 1, which had exited with code 3."""
+    from types import SimpleNamespace
+
+    from commbench.bench import launch
+
+    def failure(exitcode: int, stamp: float):
+        return SimpleNamespace(exitcode=exitcode, timestamp=stamp, signal_name=lambda: "<N/A>")
+
+    (tmp_path / "rank0.err").write_text("")  # opened, never written
+    (tmp_path / "rank0.err.part").write_text("1.0\tConnectionError: half")  # never moved into place
+    exc = SimpleNamespace(failures={0: failure(1, 2.0), 1: failure(3, 1.0)})
+    found = launch._first_failure(exc, str(tmp_path))
+    assert (found.rank, found.detail) == (1, "exited with code 3")
+    # what a rank records is whole: written beside, then moved into place
+    monkeypatch.setenv("RANK", "2")
+    launch._record(str(tmp_path), ValueError("bad value\nsecond line"))
+    stamp, _, text = (tmp_path / "rank2.err").read_text().partition("\t")
+    assert float(stamp) > 0 and text == "ValueError: bad value"
+    assert not (tmp_path / "rank2.err.part").exists()
+    found = launch._first_failure(SimpleNamespace(failures={2: failure(1, 9.0)}), str(tmp_path))
+    assert (found.rank, found.detail) == (2, "ValueError: bad value")

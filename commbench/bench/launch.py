@@ -196,7 +196,11 @@ def _record(error_dir: str | None, exc: BaseException) -> None:
         return
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-    path.write_text(f"{time.time()!r}\t{text}")
+    # Whole or not at all: the launcher reads it while it stops the other ranks, this one among
+    # them, and once read an empty file, written by a rank stopped between opening and writing.
+    part = path.with_name(path.name + ".part")
+    part.write_text(f"{time.time()!r}\t{text}")
+    os.replace(part, path)
 
 
 def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]:
@@ -320,12 +324,17 @@ def _first_failure(exc: Any, error_dir: str) -> RankFailed:
     # launcher or the user. The launcher's timestamps are detection times, so they cannot order
     # a death against a raise.
     found = []  # (class, time, rank, text)
+    recorded = set()
     for path in Path(error_dir).glob("rank*.err"):
         stamp, _, text = path.read_text().partition("\t")
         rank = path.stem[4:]
-        found.append((1, float(stamp), int(rank) if rank.isdigit() else -1, text))
+        try:
+            found.append((1, float(stamp), int(rank) if rank.isdigit() else -1, text))
+        except ValueError:  # not a record this launcher's ranks write: go by the exit status
+            continue
+        recorded.add(rank)
     for rank, failure in exc.failures.items():
-        if Path(error_dir, f"rank{rank}.err").exists():
+        if str(rank) in recorded:
             continue
         name = failure.signal_name()
         text = f"killed by {name}" if name != "<N/A>" else f"exited with code {failure.exitcode}"
