@@ -337,20 +337,25 @@ def _sweep_sizes_freed(case: dict[str, Any]) -> list[int]:
 
     from commbench.bench import sweep
 
-    spec = SPECS["all_reduce"]
+    specs = (SPECS["all_reduce"], SPECS["sendrecv"])  # the algorithms' and the limit's
     made: list[tuple[int, StorageWeakRef]] = []  # (element count, storage) of every buffer made
     alive_at_make: dict[int, int] = {}
 
-    def make(count: int, *args: Any) -> Any:
-        gc.collect()
-        earlier = sum(not ref.expired() for c, ref in made if c != count)
-        alive_at_make[count] = max(alive_at_make.get(count, 0), earlier)
-        b = real(count, *args)
-        made.extend((count, StorageWeakRef(t.untyped_storage())) for t in (b.input, b.output, b.reference))
-        return b
+    def wrap(real: Any) -> Any:
+        def make(count: int, *args: Any) -> Any:
+            gc.collect()
+            earlier = sum(not ref.expired() for c, ref in made if c != count)
+            alive_at_make[count] = max(alive_at_make.get(count, 0), earlier)
+            b = real(count, *args)
+            made.extend(
+                (count, StorageWeakRef(t.untyped_storage())) for t in (b.input, b.output, b.reference)
+            )
+            return b
 
-    real = spec.make
-    spec.make = make  # an instance attribute, removed below
+        return make
+
+    for spec in specs:
+        spec.make = wrap(spec.make)  # an instance attribute, removed below
     try:
         config = sweep.SweepConfig(
             algorithms=tuple(case["algorithms"]),
@@ -362,7 +367,8 @@ def _sweep_sizes_freed(case: dict[str, Any]) -> list[int]:
         )
         sweep.run_rank(config, "cpu", lambda kind, payload: None)
     finally:
-        del spec.make
+        for spec in specs:
+            del spec.make
     return [alive_at_make[c] for c in sorted(alive_at_make)]
 
 

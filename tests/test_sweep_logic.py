@@ -160,8 +160,8 @@ def test_buffer_bytes_are_what_a_rank_holds_at_the_largest_size(collective, algo
     assert buffer_bytes(SweepConfig(**kw, max_bytes=1 << 20), world) == sum(per_series(1 << 20))
     no_limit = SweepConfig(**kw, max_bytes=3 << 19, limit=False)  # 1.5 MiB: the last size is 1 MiB
     assert buffer_bytes(no_limit, world) == sum(per_series(1 << 20)[:-1])
-    checked = SweepConfig(**{**kw, "check": True}, max_bytes=1 << 20)  # 32 B an element to check
-    assert buffer_bytes(checked, world) == sum(per_series(1 << 20)) + 32 * ((1 << 20) // 4)
+    checked = SweepConfig(**{**kw, "check": True}, max_bytes=1 << 20)  # 48 B an element to check
+    assert buffer_bytes(checked, world) == sum(per_series(1 << 20)) + 48 * ((1 << 20) // 4)
 
 
 def _expected_whole(name, world, rank, root, m, op, dtype):

@@ -117,7 +117,9 @@ def sizes(config: SweepConfig) -> list[int]:
     return out
 
 
-CHECK_BYTES_PER_ELEMENT = 32  # the check's float64 temporaries: expected, got, difference, bound
+# The check's temporaries at their peak, a float32 element: expected (4), and in float64 got, expected,
+# |difference| and the bound as it is built (8 each, 44 in all), rounded up.
+CHECK_BYTES_PER_ELEMENT = 48
 
 
 def buffer_bytes(config: SweepConfig, world: int) -> int:
@@ -333,7 +335,9 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
             out.append(record)
             if rank == 0:
                 emit("record", record)
-        del bufs  # before the next size's are made: one size's buffers at a time
+        # Before the next size's are made: one size's buffers at a time (``b`` is the last series').
+        del bufs
+        b = None
     return out
 
 
