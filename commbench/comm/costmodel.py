@@ -200,8 +200,7 @@ def _ring_reduce_scatter_scratch(
     """Elements of a ring reduce-scatter's scratch over chunks of at most ``chunk`` elements: the
     slots arriving segments land in, and out of place (n > 2) a spare chunk for partial sums."""
     nseg = num_segments(chunk, itemsize, segment_bytes)
-    slots = max(1, min(receive_slots(nseg, RECV_AHEAD), (n - 1) * nseg))
-    return slots * -(-chunk // nseg) + (0 if in_place or n <= 2 else chunk)
+    return receive_slots(nseg, RECV_AHEAD, n) * -(-chunk // nseg) + (0 if in_place or n <= 2 else chunk)
 
 
 def _tree_reduce_scratch(count: int, rel: int, n: int) -> int:

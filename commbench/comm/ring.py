@@ -59,7 +59,6 @@ def _reduce_scatter_units(
     """
     max_chunk = max(b - a for a, b in chunks)
     cap = math.ceil(max_chunk / nseg)
-    slots = max(1, min(slots, (world - 1) * nseg))
     slot_buf = scratch(workspace, "ring.slots", (slots, cap), inp)
     order = ring_reduce_scatter_order(rank, world)
     if not in_place and any(b - a != own_out.numel() for a, b in chunks):
@@ -110,11 +109,12 @@ def _plan(chunks: list[Span], itemsize: int, segment_bytes: int, group) -> tuple
     return nseg, pipeline.receives_ahead(group)
 
 
-def receive_slots(nseg: int, ahead: int) -> int:
+def receive_slots(nseg: int, ahead: int, world: int) -> int:
     """Scratch slots a reduce-scatter's arriving segments need: as many as receives can be
-    outstanding. With receives posted ahead (gloo) that is the look-ahead; without (NCCL) each is
-    posted with its unit's send, up to ``nseg`` (the lag) before it is reduced."""
-    return ahead or nseg
+    outstanding, and no more than it has receives ((world - 1) x nseg). With receives posted ahead
+    (gloo) that is the look-ahead; without (NCCL) each is posted with its unit's send, up to
+    ``nseg`` (the lag) before it is reduced."""
+    return max(1, min(ahead or nseg, (world - 1) * nseg))
 
 
 def _run(units: list[Unit], rank: int, world: int, nseg: int, ahead: int, op: str, group) -> None:
@@ -146,7 +146,15 @@ def all_reduce(
 
         def build() -> list[Unit]:
             units = _reduce_scatter_units(
-                flat, chunks, flat, rank, world, nseg, receive_slots(nseg, ahead), workspace, in_place=True
+                flat,
+                chunks,
+                flat,
+                rank,
+                world,
+                nseg,
+                receive_slots(nseg, ahead, world),
+                workspace,
+                in_place=True,
             )
             return units + _all_gather_units(flat, chunks, rank, world, nseg)
 
@@ -183,7 +191,7 @@ def _reduce_scatter_equal(
                 rank,
                 world,
                 nseg,
-                receive_slots(nseg, ahead),
+                receive_slots(nseg, ahead, world),
                 workspace,
                 in_place=False,
             ),
