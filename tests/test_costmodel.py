@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from commbench.comm import ALGORITHMS, tuning
-from commbench.comm.costmodel import SEGMENT_BYTES, bus_factor, cost
+from commbench.comm.costmodel import SEGMENT_BYTES, bus_factor, cost, scratch_bytes
+from commbench.comm.pipeline import RECV_AHEAD, RECV_AHEAD_BYTES, look_ahead
 
 MiB = 1 << 20
 
@@ -97,3 +98,25 @@ def test_auto_picks_by_size_and_world():
     assert tuning.choose("broadcast", 1024, 3) == "naive"
     assert tuning.choose("reduce", 1024, 3) == "tree"
     assert tuning.choose("all_reduce", 1024, 1) == "builtin"
+
+
+@pytest.mark.parametrize("segment_bytes", [4 << 10, 2 << 20, 16 << 20, 96 << 20])
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_rings_receive_slots_stay_within_the_look_ahead_bytes_however_large_the_message(
+    segment_bytes, world
+):
+    # Slots hold the receives posted ahead, each up to a segment: their bytes are capped by
+    # pipeline.RECV_AHEAD_BYTES (or one segment, where a segment alone is larger), not by the message.
+    cap = max(RECV_AHEAD_BYTES, segment_bytes)
+    for count in (1 << 20, 1 << 28):  # 4 MiB and 1 GiB of float32
+        for collective in ("all_reduce", "reduce_scatter"):
+            got = scratch_bytes(collective, "ring", world, count, 4, segment_bytes=segment_bytes)
+            spare = 0 if collective == "all_reduce" or world <= 2 else count // world * 4
+            assert max(got) - spare <= cap, (collective, count)
+    assert look_ahead(segment_bytes) * min(segment_bytes, RECV_AHEAD_BYTES) <= RECV_AHEAD_BYTES
+    assert look_ahead(segment_bytes) >= 1
+
+
+def test_small_segments_keep_the_full_look_ahead():
+    assert look_ahead(2 << 20) == RECV_AHEAD
+    assert look_ahead(16 << 20) == RECV_AHEAD_BYTES // (16 << 20)

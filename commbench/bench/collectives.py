@@ -239,7 +239,7 @@ class SendRecv(_Spec):
             right=(rank + 1) % world,
             left=(rank - 1) % world,
             lag=1,
-            recv_ahead=pipeline.receives_ahead(group),
+            recv_ahead=pipeline.receives_ahead(group, ring.SEGMENT_BYTES),
             op="sum",
             group=group,
         )

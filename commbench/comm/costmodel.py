@@ -22,7 +22,7 @@ from commbench.comm.chunking import (
     split,
     tree_depth,
 )
-from commbench.comm.pipeline import RECV_AHEAD
+from commbench.comm.pipeline import look_ahead
 from commbench.comm.ring import SEGMENT_BYTES, receive_slots
 
 
@@ -200,7 +200,9 @@ def _ring_reduce_scatter_scratch(
     """Elements of a ring reduce-scatter's scratch over chunks of at most ``chunk`` elements: the
     slots arriving segments land in, and out of place (n > 2) a spare chunk for partial sums."""
     nseg = num_segments(chunk, itemsize, segment_bytes)
-    return receive_slots(nseg, RECV_AHEAD, n) * -(-chunk // nseg) + (0 if in_place or n <= 2 else chunk)
+    return receive_slots(nseg, look_ahead(segment_bytes), n) * -(-chunk // nseg) + (
+        0 if in_place or n <= 2 else chunk
+    )
 
 
 def _tree_reduce_scratch(count: int, rel: int, n: int) -> int:

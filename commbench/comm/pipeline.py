@@ -22,12 +22,19 @@ import torch.distributed as dist
 from commbench.comm import p2p
 from commbench.kernels import reduce_into
 
-RECV_AHEAD = 64  # receives posted ahead on gloo; a ring's scratch holds this many segments
+RECV_AHEAD = 64  # receives posted ahead on gloo, at most ...
+RECV_AHEAD_BYTES = 128 << 20  # ... and at most this many bytes of segments: a ring's scratch holds them
 
 
-def receives_ahead(group: dist.ProcessGroup | None) -> int:
+def look_ahead(segment_bytes: int) -> int:
+    """Receives to post ahead over gloo for segments of ``segment_bytes``: :data:`RECV_AHEAD`, fewer
+    where that many would pass :data:`RECV_AHEAD_BYTES`, and at least one."""
+    return max(1, min(RECV_AHEAD, RECV_AHEAD_BYTES // max(1, segment_bytes)))
+
+
+def receives_ahead(group: dist.ProcessGroup | None, segment_bytes: int) -> int:
     """How many receives to post ahead on ``group``'s backend (0 on NCCL, see above)."""
-    return 0 if dist.get_backend(group) == "nccl" else RECV_AHEAD
+    return 0 if dist.get_backend(group) == "nccl" else look_ahead(segment_bytes)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,10 @@ from commbench.comm.chunking import (
 from commbench.comm.pipeline import Unit
 from commbench.comm.workspace import Workspace, plan, scratch
 
-SEGMENT_BYTES = 2 << 20  # pipeline segment; tuned with commbench sweep (docs/PERFORMANCE.md)
+# Pipeline segment. Over gloo on the 2-core CI-class VMs every message costs a round trip and
+# the wake-up of a waiting thread, which outweighs what finer pipelining overlaps: measured side by
+# side with `commbench sweep -a ring,ring@2M,...` (docs/PERFORMANCE.md, "Segment size").
+SEGMENT_BYTES = 16 << 20
 
 
 def _seg(flat: torch.Tensor, span: Span, nseg: int, k: int) -> torch.Tensor:
@@ -106,7 +109,7 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _plan(chunks: list[Span], itemsize: int, segment_bytes: int, group) -> tuple[int, int]:
     """(segments per chunk, receives posted ahead): none ahead on NCCL (see pipeline)."""
     nseg = num_segments(max(b - a for a, b in chunks), itemsize, segment_bytes)
-    return nseg, pipeline.receives_ahead(group)
+    return nseg, pipeline.receives_ahead(group, segment_bytes)
 
 
 def receive_slots(nseg: int, ahead: int, world: int) -> int:
