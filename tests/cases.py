@@ -137,6 +137,39 @@ def _bytes(case: dict[str, Any]) -> tuple[int, int]:
     return counted[0], counted[1]
 
 
+def _segments(case: dict[str, Any]) -> dict[str, Any]:
+    """Every collective's ring run as the sweep's series "ring@N" names it, against the closed
+    form; and how many messages an all_reduce sends with the default segment and with N bytes."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    series, root = f"ring@{case['segment_bytes']}", world - 1
+    failures = []
+    for name in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"):
+        spec = SPECS[name]
+        count = case["count"] * (world if name in ("reduce_scatter", "all_gather") else 1)
+        b = spec.make(count, torch.float32, torch.device("cpu"), rank, world, "sum", root)
+        b.input.copy_(b.reference)
+        spec.run(b, series, "sum", root, None, comm.Workspace())
+        if spec.wrong(b, "sum", rank, world, root):
+            failures.append(f"{name} {series} on rank {rank}")
+    sends = {}
+    original = p2p.exchange
+    for s in ("ring", series, "auto", f"auto@{case['segment_bytes']}"):
+        sent = [0]
+
+        def counting(send, dst, recv, src, group, sent=sent):
+            sent[0] += send is not None and send.numel() > 0
+            return original(send, dst, recv, src, group)
+
+        b = SPECS["all_reduce"].make(case["count"], torch.float32, torch.device("cpu"), rank, world, "sum", 0)
+        p2p.exchange = counting
+        try:
+            SPECS["all_reduce"].run(b, s, "sum", 0, None, None)
+        finally:
+            p2p.exchange = original
+        sends[s] = sent[0]
+    return {"failures": failures, "sends": sends}
+
+
 def _mismatch(case: dict[str, Any]) -> str:
     """Ranks call all_reduce with different sizes; the error every rank raised."""
     rank = dist.get_rank()
@@ -144,8 +177,9 @@ def _mismatch(case: dict[str, Any]) -> str:
     if case["vary"] == "local" and rank == 1:  # only this rank's own checks can see the problem
         tensor = torch.ones(case["count"], 2).t()[0]
     op = case["op"] if case["vary"] != "op" or rank == 0 else "max"
+    segment = 8 if case["vary"] == "segment" and rank == 1 else None
     try:
-        comm.all_reduce(tensor, op, case["algorithm"])
+        comm.all_reduce(tensor, op, case["algorithm"], segment_bytes=segment)
     except ValueError as exc:
         return str(exc)
     return "no error"
@@ -168,6 +202,9 @@ def _validation(case: dict[str, Any]) -> dict[str, str]:
         "root a float": lambda: comm.broadcast(torch.ones(4), src=0.0),
         "root a bool": lambda: comm.reduce(torch.ones(4), dst=True),
         "not a tensor": lambda: comm.all_reduce([1.0, 2.0]),
+        "segment on naive": lambda: comm.all_reduce(torch.ones(4), algorithm="naive", segment_bytes=1024),
+        "segment of 0": lambda: comm.broadcast(torch.ones(4), 0, algorithm="ring", segment_bytes=0),
+        "segment a float": lambda: comm.all_gather(torch.empty(4 * world), torch.ones(4), segment_bytes=8.0),
     }
     out = {}
     for name, call in calls.items():
@@ -412,4 +449,5 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "freed": _freed,
         "sweep_freed": _sweep_sizes_freed,
         "scratch": _scratch,
+        "segments": _segments,
     }[kind](body)

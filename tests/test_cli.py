@@ -38,6 +38,11 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["sweep", "-f", "1"], "step factor"),
         (["sweep", "--collective", "alltoall"], "unknown collective"),
         (["sweep", "-a", "ring,bogus"], "unknown algorithm 'bogus'"),
+        (
+            ["sweep", "-a", "builtin,naive@1M"],
+            "'naive@1M': a segment size (@SIZE) applies to ring, auto, not naive",
+        ),
+        (["sweep", "-a", "ring@1X"], "'ring@1X': the segment after @ must be a size"),
         (["sweep", "-d", "complex64"], "unknown dtype"),
         (["sweep", "-o", "xor"], "unknown op"),
         (["sweep", "-d", "int32", "-o", "avg"], "floating-point"),

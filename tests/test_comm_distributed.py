@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from commbench.comm import ALGORITHMS, tcp
+from commbench.comm import ALGORITHMS, resolve, tcp
 from commbench.comm.costmodel import cost
 from commbench.comm.ops import DTYPES, OPS
 
@@ -85,6 +87,21 @@ def test_ring_pipeline_with_many_segments(worlds, world_size, count, segment_byt
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
+def test_a_segment_size_given_to_the_api_reaches_the_ring(worlds, world_size):
+    """The sweep's "ring@64": every collective stays right, and an all_reduce of 1000 elements
+    sends 2 (n - 1) x nseg messages, nseg = ceil(334 x 4 / 64) = 21 at 3 ranks and 32 at 2,
+    against one a step with the default segment; auto passes the segment on where it picks the ring."""
+    results = worlds(world_size).run(("segments", {"count": 1000, "segment_bytes": 64}))
+    nseg = math.ceil(math.ceil(1000 / world_size) * 4 / 64)
+    assert resolve("all_reduce", "auto", 4000, world_size) != "ring"  # auto@64 runs what auto runs
+    for result in results:
+        assert result["failures"] == []
+        assert result["sends"]["ring"] == 2 * (world_size - 1)
+        assert result["sends"]["ring@64"] == 2 * (world_size - 1) * nseg
+        assert result["sends"]["auto@64"] == result["sends"]["auto"] > 0, result
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
 def test_tensors_that_require_grad_and_tensor_roots_are_taken(worlds, world_size):
     results = worlds(world_size).run(("autograd", {}))
     assert all(all(r.values()) for r in results), results
@@ -108,8 +125,11 @@ def test_bytes_on_the_wire_match_the_cost_model(worlds, world_size, collective):
             assert [m[1] for m in measured] == list(model.recv_bytes), (algorithm, count)
 
 
-@pytest.mark.parametrize("vary", ["size", "op", "local"])
-@pytest.mark.parametrize("algorithm", ["ring", "naive", "rd", "builtin"])
+@pytest.mark.parametrize(
+    ("vary", "algorithm"),
+    [(v, a) for v in ("size", "op", "local") for a in ("ring", "naive", "rd", "builtin")]
+    + [("segment", "ring"), ("segment", "auto")],
+)
 def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
     results = worlds(3).run(("mismatch", {"count": 10, "op": "sum", "algorithm": algorithm, "vary": vary}))
     if vary == "local":  # the rank with the bad tensor says what is wrong; the others see disagreement
@@ -139,6 +159,9 @@ def test_bad_arguments_raise_clear_errors(worlds):
         "root a float": "src must be an integer rank, got float 0.0",
         "root a bool": "dst must be an integer rank, got True",
         "not a tensor": "must be a torch.Tensor",
+        "segment on naive": "segment_bytes applies to ring (or auto where it picks one), not 'naive'",
+        "segment of 0": "segment_bytes must be a positive integer, got 0",
+        "segment a float": "segment_bytes must be a positive integer, got 8.0",
     }
     for rank_result in worlds(2).run(("validation", {})):
         for name, needle in expected.items():

@@ -71,11 +71,37 @@ def test_stats():
         ({"iters": 0}, "iters"),
         ({"warmup": -1}, "warmup"),
         ({"collective": "broadcast", "algorithms": ("rd",)}, "unknown algorithm"),
+        ({"algorithms": ("builtin", "naive@2M")}, "applies to ring, auto, not naive"),
+        ({"collective": "broadcast", "algorithms": ("tree@1M",)}, "applies to ring, auto, not tree"),
+        ({"algorithms": ("ring@0",)}, "at least 1 byte"),
+        ({"algorithms": ("ring@two",)}, "at least 1 byte"),
+        ({"algorithms": ("ring@",)}, "at least 1 byte"),
+        ({"algorithms": ("bogus@2M",)}, "unknown algorithm 'bogus'"),
     ],
 )
 def test_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SweepConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "series, expected",
+    [
+        ("ring", ("ring", None)),
+        ("ring@2M", ("ring", 2 << 20)),
+        ("auto@64K", ("auto", 64 << 10)),
+        ("p2p@7", ("p2p", 7)),
+    ],
+)
+def test_a_series_names_an_algorithm_and_optionally_its_segment(series, expected):
+    from commbench.bench.collectives import series_parts
+
+    assert series_parts(series) == expected
+
+
+def test_segment_sizes_are_accepted_where_the_algorithm_segments():
+    assert SweepConfig(algorithms=("builtin", "ring", "ring@2M", "auto@1M")).series[-1] == LIMIT
+    assert SweepConfig(collective="sendrecv", algorithms=("p2p@4M",)).series == ("p2p@4M",)
 
 
 def test_limit_series_is_added_except_for_sendrecv():
@@ -263,3 +289,19 @@ def test_under_torchrun_the_memory_check_counts_the_local_ranks_with_most_scratc
     Memory.available = need - 1
     with pytest.raises(ValueError, match="over 1 rank"):
         cli.check_sweep_memory(config, spec)
+
+
+def test_series_of_one_algorithm_with_different_segments_share_its_scratch():
+    """ring and ring@1M name the same Workspace buffers, which grow to the larger of the two."""
+    from commbench.bench.sweep import scratch_per_rank
+    from commbench.comm.costmodel import scratch_bytes
+
+    size = 256 << 20
+    default, small = (
+        scratch_bytes("all_reduce", "ring", 2, size // 4, 4, **kw) for kw in ({}, {"segment_bytes": 1 << 20})
+    )
+    assert default != small
+    config = SweepConfig(algorithms=("builtin", "ring", "ring@1M", "auto@1M"), min_bytes=size, max_bytes=size)
+    assert scratch_per_rank(config, 2) == [max(a, b) for a, b in zip(default, small, strict=True)]
+    alone = SweepConfig(algorithms=("ring@1M",), min_bytes=size, max_bytes=size)
+    assert scratch_per_rank(alone, 2) == list(small)

@@ -76,7 +76,8 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="comma-separated, interleaved at each size (default builtin,naive,ring; p2p for sendrecv); "
         + "; ".join(f"{c}: {','.join(a)}" for c, a in ALGORITHMS.items())
-        + "; sendrecv: p2p",
+        + "; sendrecv: p2p. ALGORITHM@SIZE runs a segmented algorithm (ring, auto, p2p) with pipeline "
+        + "segments of SIZE, e.g. -a builtin,ring,ring@2M to compare segment sizes side by side",
     )
     p.add_argument("-b", "--minbytes", type=_size, default=_size("1K"), help=f"smallest size, {SIZE_HELP}")
     p.add_argument("-e", "--maxbytes", type=_size, default=_size("64M"), help=f"largest size, {SIZE_HELP}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from commbench import comm
+from commbench.bench.units import parse_size
 from commbench.comm import p2p, pipeline, ring
 from commbench.comm.chunking import num_segments, split
 from commbench.comm.costmodel import bus_factor
@@ -93,12 +94,34 @@ def count_wrong_at(got: torch.Tensor, expected_at: Callable[[int, int], torch.Te
     )
 
 
+def series_parts(series: str) -> tuple[str, int | None]:
+    """A sweep series' algorithm and pipeline segment: "ring@2M" is ("ring", 2097152), "ring" is
+    ("ring", None) (the algorithm's default). Raises ValueError on a size that does not parse."""
+    algorithm, at, size = series.partition("@")
+    if not at:
+        return series, None
+    try:
+        segment = parse_size(size)
+    except ValueError:
+        segment = 0
+    if segment < 1:
+        raise ValueError(
+            f"{series!r}: the segment after @ must be a size of at least 1 byte (bytes or K/M/G: ring@2M)"
+        )
+    return algorithm, segment
+
+
 class _Spec:
     name = ""
     needs_op = True
 
     def count(self, size_bytes: int, itemsize: int, world: int) -> int:
         return size_bytes // itemsize
+
+    def run(self, b: Buffers, series: str, op, root, group, workspace) -> None:
+        """One call of ``series`` (an algorithm, with "@SIZE" for its pipeline segment)."""
+        algorithm, segment_bytes = series_parts(series)
+        self.call(b, algorithm, op, root, group, workspace, segment_bytes)
 
     def bus_factor(self, world: int) -> float:
         return bus_factor(self.name, world)
@@ -111,8 +134,10 @@ class AllReduce(_Spec):
         t = torch.empty(count, dtype=dtype, device=device)
         return Buffers(t, t, pattern(rank, count, op, dtype, device))
 
-    def run(self, b: Buffers, algorithm, op, root, group, workspace) -> None:
-        comm.all_reduce(b.input, op, algorithm, group, check=False, workspace=workspace)
+    def call(self, b: Buffers, algorithm, op, root, group, workspace, segment_bytes) -> None:
+        comm.all_reduce(
+            b.input, op, algorithm, group, check=False, workspace=workspace, segment_bytes=segment_bytes
+        )
 
     def wrong(self, b: Buffers, op, rank, world, root) -> int:
         out = b.output
@@ -132,8 +157,17 @@ class ReduceScatter(_Spec):
             pattern(rank, count, op, dtype, device),
         )
 
-    def run(self, b, algorithm, op, root, group, workspace) -> None:
-        comm.reduce_scatter(b.output, b.input, op, algorithm, group, check=False, workspace=workspace)
+    def call(self, b, algorithm, op, root, group, workspace, segment_bytes) -> None:
+        comm.reduce_scatter(
+            b.output,
+            b.input,
+            op,
+            algorithm,
+            group,
+            check=False,
+            workspace=workspace,
+            segment_bytes=segment_bytes,
+        )
 
     def wrong(self, b, op, rank, world, root) -> int:
         out, m = b.output, b.output.numel()
@@ -157,8 +191,10 @@ class AllGather(_Spec):
             pattern(rank, m, "sum", dtype, device),
         )
 
-    def run(self, b, algorithm, op, root, group, workspace) -> None:
-        comm.all_gather(b.output, b.input, algorithm, group, check=False, workspace=workspace)
+    def call(self, b, algorithm, op, root, group, workspace, segment_bytes) -> None:
+        comm.all_gather(
+            b.output, b.input, algorithm, group, check=False, workspace=workspace, segment_bytes=segment_bytes
+        )
 
     def wrong(self, b, op, rank, world, root) -> int:
         out, m = b.output, b.input.numel()
@@ -183,8 +219,10 @@ class Broadcast(_Spec):
         ref = pattern(root, count, "sum", dtype, device) if rank == root else torch.zeros_like(t)
         return Buffers(t, t, ref)
 
-    def run(self, b, algorithm, op, root, group, workspace) -> None:
-        comm.broadcast(b.input, root, algorithm, group, check=False, workspace=workspace)
+    def call(self, b, algorithm, op, root, group, workspace, segment_bytes) -> None:
+        comm.broadcast(
+            b.input, root, algorithm, group, check=False, workspace=workspace, segment_bytes=segment_bytes
+        )
 
     def wrong(self, b, op, rank, world, root) -> int:
         out = b.output
@@ -198,8 +236,10 @@ class Reduce(_Spec):
         t = torch.empty(count, dtype=dtype, device=device)
         return Buffers(t, t, pattern(rank, count, op, dtype, device))
 
-    def run(self, b, algorithm, op, root, group, workspace) -> None:
-        comm.reduce(b.input, root, op, algorithm, group, check=False, workspace=workspace)
+    def call(self, b, algorithm, op, root, group, workspace, segment_bytes) -> None:
+        comm.reduce(
+            b.input, root, op, algorithm, group, check=False, workspace=workspace, segment_bytes=segment_bytes
+        )
 
     def wrong(self, b, op, rank, world, root) -> int:
         if rank != root:
@@ -225,21 +265,22 @@ class SendRecv(_Spec):
             pattern(rank, count, "sum", dtype, device),
         )
 
-    def run(self, b, algorithm, op, root, group, workspace) -> None:
+    def call(self, b, algorithm, op, root, group, workspace, segment_bytes) -> None:
         rank, world = p2p.group_rank(group)
         if world == 1:
             b.output.copy_(b.input)
             return
         p2p.prepare(group)  # as the hand-written collectives do, so the limit stays comparable
         n = b.input.numel()
-        nseg = num_segments(n, b.input.element_size(), ring.SEGMENT_BYTES)
+        segment_bytes = segment_bytes or ring.SEGMENT_BYTES
+        nseg = num_segments(n, b.input.element_size(), segment_bytes)
         units = [Unit(b.input[a:z], b.output[a:z]) for a, z in split(n, nseg)]
         pipeline.run(
             units,
             right=(rank + 1) % world,
             left=(rank - 1) % world,
             lag=1,
-            recv_ahead=pipeline.receives_ahead(group, ring.SEGMENT_BYTES),
+            recv_ahead=pipeline.receives_ahead(group, segment_bytes),
             op="sum",
             group=group,
         )
@@ -259,3 +300,11 @@ def algorithms_for(collective: str) -> tuple[str, ...]:
     if collective == "sendrecv":
         return ("p2p",)
     return comm.ALGORITHMS[collective]
+
+
+def segmented_for(collective: str) -> tuple[str, ...]:
+    """The algorithms of ``collective`` that take a segment size ("ring@2M"): those that pipeline
+    in segments, ``auto`` (passed on where it picks one) and the segmented exchange of sendrecv."""
+    if collective == "sendrecv":
+        return ("p2p",)
+    return tuple(a for a in comm.ALGORITHMS[collective] if a in (*comm.SEGMENTED, "auto"))

@@ -19,7 +19,14 @@ import torch
 import torch.distributed as dist
 
 from commbench import comm
-from commbench.bench.collectives import CHECK_CHUNK, SPECS, algorithms_for, poison
+from commbench.bench.collectives import (
+    CHECK_CHUNK,
+    SPECS,
+    algorithms_for,
+    poison,
+    segmented_for,
+    series_parts,
+)
 from commbench.bench.records import RecordWriter, SweepRecord, check_distinct, say
 from commbench.comm.costmodel import cost, scratch_bytes
 from commbench.comm.ops import check_op, parse_dtype
@@ -57,11 +64,17 @@ class SweepConfig:
             raise ValueError(f"unknown collective {self.collective!r}; choose from {', '.join(SPECS)}")
         if not self.algorithms:
             raise ValueError("no algorithms given")
-        accepted = algorithms_for(self.collective)
+        accepted, segmented = algorithms_for(self.collective), segmented_for(self.collective)
         for a in self.algorithms:
-            if a not in accepted:
+            algorithm, segment = series_parts(a)
+            if algorithm not in accepted:
+                choices = ", ".join(accepted)
                 raise ValueError(
-                    f"unknown algorithm {a!r} for {self.collective}; choose from {', '.join(accepted)}"
+                    f"unknown algorithm {algorithm!r} for {self.collective}; choose from {choices}"
+                )
+            if segment is not None and algorithm not in segmented:
+                raise ValueError(
+                    f"{a!r}: a segment size (@SIZE) applies to {', '.join(segmented)}, not {algorithm}"
                 )
         if len(set(self.algorithms)) != len(self.algorithms):
             raise ValueError(f"algorithm listed twice in {','.join(self.algorithms)}")
@@ -149,14 +162,27 @@ def scratch_per_rank(config: SweepConfig, world: int) -> list[int]:
     count = spec.count(size, dtype.itemsize, world)
     if config.collective == "sendrecv":
         return [0] * world
-    ran = {
-        comm.resolve(config.collective, s, count * dtype.itemsize, world) for s in config.series if s != LIMIT
-    }
-    per_rank = [0] * world
-    for algorithm in sorted(ran):
-        held = scratch_bytes(config.collective, algorithm, world, count, dtype.itemsize, root=config.root)
-        per_rank = [a + b for a, b in zip(per_rank, held, strict=True)]
-    return per_rank
+    # Per algorithm, the most any of its series holds: series of one algorithm with different
+    # segments name the same buffers, which grow to the largest.
+    held: dict[str, list[int]] = {}
+    for s in config.series:
+        if s == LIMIT:
+            continue
+        resolved, segment = _resolve(config, s, count * dtype.itemsize, world)
+        kw = {"segment_bytes": segment} if segment is not None else {}
+        mine = scratch_bytes(
+            config.collective, resolved, world, count, dtype.itemsize, root=config.root, **kw
+        )
+        held[resolved] = [max(a, b) for a, b in zip(held.get(resolved, mine), mine, strict=True)]
+    return [sum(col) for col in zip(*held.values(), strict=True)] if held else [0] * world
+
+
+def _resolve(config: SweepConfig, series: str, size_bytes: int, world: int) -> tuple[str, int | None]:
+    """The algorithm series ``series`` runs at this size, and the segment it runs with where that
+    algorithm is segmented and the series names one (else None: the default)."""
+    algorithm, segment = series_parts(series)
+    resolved = comm.resolve(config.collective, algorithm, size_bytes, world)
+    return resolved, segment if resolved in comm.SEGMENTED else None
 
 
 def stats_us(times_s: list[float]) -> dict[str, float]:
@@ -348,8 +374,9 @@ def _model_bytes(
     if s == LIMIT or config.collective == "sendrecv":
         sent = [size_bytes if world > 1 else 0] * world
         return "p2p", sent, list(sent)
-    resolved = comm.resolve(config.collective, s, size_bytes, world)
-    c = cost(config.collective, resolved, world, count, size_bytes // count, root=config.root)
+    resolved, segment = _resolve(config, s, size_bytes, world)
+    kw = {"segment_bytes": segment} if segment is not None else {}
+    c = cost(config.collective, resolved, world, count, size_bytes // count, root=config.root, **kw)
     return resolved, list(c.sent_bytes), list(c.recv_bytes)
 
 

@@ -4,7 +4,9 @@ The API mirrors torch.distributed's tensor forms with an ``algorithm`` keyword. 
 validates its arguments locally; with ``check=True`` (the default) the ranks also compare sizes,
 dtype, op and algorithm in one small metadata all-gather, so a mismatch raises on every rank
 instead of hanging. Benchmarks pass ``check=False``. Callers that repeat collectives pass a
-:class:`Workspace` so scratch memory is allocated once, not on every call.
+:class:`Workspace` so scratch memory is allocated once, not on every call. ``segment_bytes``
+sets the pipeline segment of the algorithms in :data:`SEGMENTED` (default
+``ring.SEGMENT_BYTES``); other algorithms refuse it, and ``auto`` passes it on where it picks one.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ _IMPLS: dict[str, dict[str, Callable[..., None]]] = {
 }
 
 ALGORITHMS: dict[str, tuple[str, ...]] = {c: (*impls, "auto") for c, impls in _IMPLS.items()}
+SEGMENTED: tuple[str, ...] = ("ring",)  # algorithms that take ``segment_bytes`` (their pipeline's segment)
 COLLECTIVES: tuple[str, ...] = tuple(_IMPLS)
 
 __all__ = [
@@ -59,6 +62,7 @@ __all__ = [
     "COLLECTIVES",
     "DTYPES",
     "OPS",
+    "SEGMENTED",
     "all_gather",
     "all_reduce",
     "broadcast",
@@ -146,14 +150,26 @@ def _agree(group: dist.ProcessGroup | None, device: torch.device, *fields: int) 
     bad = [r for r, row in enumerate(rows) if row != rows[0]]
     if bad:
         raise ValueError(
-            f"ranks disagree on (elements, dtype, op, algorithm, root): rank 0 has {rows[0]}, "
+            f"ranks disagree on (elements, dtype, op, algorithm, root, segment bytes): rank 0 has {rows[0]}, "
             + ", ".join(f"rank {r} has {rows[r]}" for r in bad)
         )
 
 
 _DTYPE_CODES = {d: i for i, d in enumerate(DTYPES.values())}
 _OP_CODES = {o: i for i, o in enumerate(OPS)}
-_INVALID = (-1, -1, -1, -1, -1)
+_INVALID = (-1, -1, -1, -1, -1, -1)
+
+
+def _check_segment_bytes(segment_bytes: int | None, algorithm: str) -> None:
+    """``segment_bytes`` is None, or a positive integer for an algorithm that segments (or ``auto``)."""
+    if segment_bytes is None:
+        return
+    if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes < 1:
+        raise ValueError(f"segment_bytes must be a positive integer, got {segment_bytes!r}")
+    if algorithm not in (*SEGMENTED, "auto"):
+        raise ValueError(
+            f"segment_bytes applies to {', '.join(SEGMENTED)} (or auto where it picks one), not {algorithm!r}"
+        )
 
 
 def _local_device(group: dist.ProcessGroup | None) -> torch.device:
@@ -168,6 +184,7 @@ def _prepare(
     group: dist.ProcessGroup | None,
     check: bool,
     validate: Callable[[], tuple[torch.Tensor, int, str, int]],
+    segment_bytes: int | None = None,
 ) -> Callable[..., None]:
     """Validate locally and (with ``check``) across ranks; return the implementation to call.
 
@@ -183,9 +200,18 @@ def _prepare(
     try:
         tensor, size_bytes, op, root = validate()
         _check_device(tensor, group)
-        impl = _IMPLS[collective][resolve(collective, algorithm, size_bytes, world)]
+        _check_segment_bytes(segment_bytes, algorithm)
+        resolved = resolve(collective, algorithm, size_bytes, world)
+        impl = _IMPLS[collective][resolved]
         algo_code = list(ALGORITHMS[collective]).index(algorithm)
-        fields = (tensor.numel(), _DTYPE_CODES[tensor.dtype], _OP_CODES[op], algo_code, root)
+        fields = (
+            tensor.numel(),
+            _DTYPE_CODES[tensor.dtype],
+            _OP_CODES[op],
+            algo_code,
+            root,
+            segment_bytes or 0,
+        )
         device = tensor.device
     except (ValueError, TypeError) as exc:
         error, fields, device = exc, _INVALID, _local_device(group)
@@ -199,6 +225,8 @@ def _prepare(
         raise error
 
     def run(*args, **kwargs) -> None:
+        if segment_bytes is not None and resolved in SEGMENTED:
+            kwargs["segment_bytes"] = segment_bytes
         with torch.no_grad():
             impl(*args, **kwargs)
 
@@ -213,6 +241,7 @@ def all_reduce(
     *,
     check: bool = True,
     workspace: Workspace | None = None,
+    segment_bytes: int | None = None,
 ) -> None:
     """Reduce ``tensor`` across ranks in place (like ``torch.distributed.all_reduce``)."""
 
@@ -221,7 +250,9 @@ def all_reduce(
         check_op(op, tensor.dtype)
         return tensor, tensor.numel() * tensor.element_size(), op, 0
 
-    _prepare("all_reduce", algorithm, group, check, validate)(tensor, op, group, workspace=workspace)
+    _prepare("all_reduce", algorithm, group, check, validate, segment_bytes)(
+        tensor, op, group, workspace=workspace
+    )
 
 
 def reduce_scatter(
@@ -233,6 +264,7 @@ def reduce_scatter(
     *,
     check: bool = True,
     workspace: Workspace | None = None,
+    segment_bytes: int | None = None,
 ) -> None:
     """Reduce ``input`` across ranks; rank r's ``output`` gets chunk r (``reduce_scatter_tensor``).
 
@@ -243,7 +275,7 @@ def reduce_scatter(
         check_op(op, input.dtype)
         return input, input.numel() * input.element_size(), op, 0
 
-    impl = _prepare("reduce_scatter", algorithm, group, check, validate)
+    impl = _prepare("reduce_scatter", algorithm, group, check, validate, segment_bytes)
     impl(output, input, op, group, workspace=workspace)
 
 
@@ -255,6 +287,7 @@ def all_gather(
     *,
     check: bool = True,
     workspace: Workspace | None = None,
+    segment_bytes: int | None = None,
 ) -> None:
     """Concatenate every rank's ``input`` into ``output`` in rank order (``all_gather_into_tensor``)."""
 
@@ -262,7 +295,9 @@ def all_gather(
         _check_pair(output, input, dist.get_world_size(group), "all_gather")
         return input, output.numel() * output.element_size(), "sum", 0
 
-    _prepare("all_gather", algorithm, group, check, validate)(output, input, group, workspace=workspace)
+    _prepare("all_gather", algorithm, group, check, validate, segment_bytes)(
+        output, input, group, workspace=workspace
+    )
 
 
 def broadcast(
@@ -273,6 +308,7 @@ def broadcast(
     *,
     check: bool = True,
     workspace: Workspace | None = None,
+    segment_bytes: int | None = None,
 ) -> None:
     """Copy ``tensor`` from rank ``src`` (within ``group``) to every rank."""
 
@@ -282,7 +318,9 @@ def broadcast(
         src = _check_root("src", src, dist.get_world_size(group))
         return tensor, tensor.numel() * tensor.element_size(), "sum", src
 
-    _prepare("broadcast", algorithm, group, check, validate)(tensor, src, group, workspace=workspace)
+    _prepare("broadcast", algorithm, group, check, validate, segment_bytes)(
+        tensor, src, group, workspace=workspace
+    )
 
 
 def reduce(
@@ -294,6 +332,7 @@ def reduce(
     *,
     check: bool = True,
     workspace: Workspace | None = None,
+    segment_bytes: int | None = None,
 ) -> None:
     """Reduce ``tensor`` across ranks into rank ``dst``; hand-written algorithms leave the other
     ranks' tensors unchanged."""
@@ -305,4 +344,6 @@ def reduce(
         dst = _check_root("dst", dst, dist.get_world_size(group))
         return tensor, tensor.numel() * tensor.element_size(), op, dst
 
-    _prepare("reduce", algorithm, group, check, validate)(tensor, dst, op, group, workspace=workspace)
+    _prepare("reduce", algorithm, group, check, validate, segment_bytes)(
+        tensor, dst, op, group, workspace=workspace
+    )
