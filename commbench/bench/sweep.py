@@ -30,6 +30,7 @@ from commbench.bench.collectives import (
 from commbench.bench.records import RecordWriter, SweepRecord, check_distinct, say
 from commbench.comm.costmodel import cost, scratch_bytes
 from commbench.comm.ops import check_op, parse_dtype
+from commbench.comm.ring import SEGMENT_BYTES
 
 LIMIT = "limit"  # name of the sendrecv series measured beside the algorithms
 MAX_SIZES = 1000
@@ -169,20 +170,19 @@ def scratch_per_rank(config: SweepConfig, world: int) -> list[int]:
         if s == LIMIT:
             continue
         resolved, segment = _resolve(config, s, count * dtype.itemsize, world)
-        kw = {"segment_bytes": segment} if segment is not None else {}
         mine = scratch_bytes(
-            config.collective, resolved, world, count, dtype.itemsize, root=config.root, **kw
+            config.collective, resolved, world, count, dtype.itemsize, root=config.root, segment_bytes=segment
         )
         held[resolved] = [max(a, b) for a, b in zip(held.get(resolved, mine), mine, strict=True)]
     return [sum(col) for col in zip(*held.values(), strict=True)] if held else [0] * world
 
 
-def _resolve(config: SweepConfig, series: str, size_bytes: int, world: int) -> tuple[str, int | None]:
-    """The algorithm series ``series`` runs at this size, and the segment it runs with where that
-    algorithm is segmented and the series names one (else None: the default)."""
+def _resolve(config: SweepConfig, series: str, size_bytes: int, world: int) -> tuple[str, int]:
+    """The algorithm series ``series`` runs at this size, and the segment it runs with: the one the
+    series names where that algorithm is segmented, else the default (which the others ignore)."""
     algorithm, segment = series_parts(series)
     resolved = comm.resolve(config.collective, algorithm, size_bytes, world)
-    return resolved, segment if resolved in comm.SEGMENTED else None
+    return resolved, segment if segment is not None and resolved in comm.SEGMENTED else SEGMENT_BYTES
 
 
 def stats_us(times_s: list[float]) -> dict[str, float]:
@@ -375,8 +375,15 @@ def _model_bytes(
         sent = [size_bytes if world > 1 else 0] * world
         return "p2p", sent, list(sent)
     resolved, segment = _resolve(config, s, size_bytes, world)
-    kw = {"segment_bytes": segment} if segment is not None else {}
-    c = cost(config.collective, resolved, world, count, size_bytes // count, root=config.root, **kw)
+    c = cost(
+        config.collective,
+        resolved,
+        world,
+        count,
+        size_bytes // count,
+        root=config.root,
+        segment_bytes=segment,
+    )
     return resolved, list(c.sent_bytes), list(c.recv_bytes)
 
 
