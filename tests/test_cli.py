@@ -48,6 +48,7 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["sweep", "-d", "int32", "-o", "avg"], "floating-point"),
         (["sweep", "--world-size", "0"], "world size"),
         (["sweep", "-n", "0"], "iters"),
+        (["sweep", "--block", "0"], "block must be >= 1"),
         (["sweep", "-r", "2", "--world-size", "2"], "root 2"),
         (["sweep", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),
         (["sweep", "--plot", "/nonexistent-dir/x.png"], "cannot write"),

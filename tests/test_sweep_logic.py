@@ -70,6 +70,7 @@ def test_stats():
         ({"dtype": "int32", "op": "avg"}, "floating-point"),
         ({"iters": 0}, "iters"),
         ({"warmup": -1}, "warmup"),
+        ({"block": 0}, "block must be >= 1"),
         ({"collective": "broadcast", "algorithms": ("rd",)}, "unknown algorithm"),
         ({"algorithms": ("builtin", "naive@2M")}, "applies to ring, auto, not naive"),
         ({"collective": "broadcast", "algorithms": ("tree@1M",)}, "applies to ring, auto, not tree"),
@@ -167,6 +168,84 @@ def test_the_series_take_turns_at_running_first(tmp_path, monkeypatch):
     series = [s if s != LIMIT else "p2p" for s in config.series]
     assert len(series) == 3
     assert ran == [*series, *series[1:], series[0], series[2], *series[:2]]
+
+
+def test_with_one_block_per_series_each_runs_its_calls_back_to_back(tmp_path, monkeypatch):
+    """A block of -w + -n: one series at a time, the first one changing from size to size; every
+    call counts once for progress, and the records say how the calls were ordered."""
+    import torch.distributed as dist
+
+    from commbench.bench import collectives, sweep
+
+    ran: list[str] = []
+    for spec in (collectives.SPECS["all_reduce"], collectives.SPECS["sendrecv"]):
+        real = spec.run
+        monkeypatch.setattr(
+            spec, "run", lambda b, algo, *a, _real=real: ran.append(algo) or _real(b, algo, *a)
+        )
+    events: list[tuple[str, object]] = []
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        config = SweepConfig(
+            algorithms=("builtin", "naive"),
+            min_bytes=1024,
+            max_bytes=2048,
+            iters=2,
+            warmup=1,
+            block=3,
+            probe=False,
+            check=False,
+        )
+        records = sweep.run_rank(config, "cpu", lambda kind, payload: events.append((kind, payload)))
+    finally:
+        dist.destroy_process_group()
+    b, n, p = "builtin", "naive", "p2p"
+    assert ran == [b] * 3 + [n] * 3 + [p] * 3 + [n] * 3 + [p] * 3 + [b] * 3
+    assert sum(kind == "step" for kind, _ in events) == len(ran)
+    start = next(payload for kind, payload in events if kind == "start")
+    assert len(start["sizes"]) * start["iterations"] * start["series"] == len(ran)
+    assert len(records) == 6 and {r.block for r in records} == {3}
+
+
+def test_a_block_of_one_interleaves_call_by_call_in_rotated_order():
+    from commbench.bench.sweep import rotated, schedule
+
+    series = ("a", "b", "c")
+    expected = [(s, it) for it in range(7) for s in rotated(series, it)]
+    assert schedule(series, 7, 1) == expected
+
+
+@pytest.mark.parametrize("iterations, block", [(7, 2), (7, 3), (6, 3), (5, 5), (5, 9), (1, 4)])
+def test_blocks_run_each_series_back_to_back_and_take_turns(iterations, block):
+    from commbench.bench.sweep import schedule
+
+    series = ("a", "b", "c")
+    order = schedule(series, iterations, block)
+    # Every series runs every iteration once, in order.
+    for s in series:
+        assert [it for name, it in order if name == s] == list(range(iterations))
+    # Runs of one series are whole blocks (the last may be short), and series alternate between them.
+    runs: list[tuple[str, list[int]]] = []
+    for name, it in order:
+        if runs and runs[-1][0] == name:
+            runs[-1][1].append(it)
+        else:
+            runs.append((name, [it]))
+    nblocks = -(-iterations // block)
+    assert len(runs) == len(series) * nblocks
+    for k, (_, its) in enumerate(runs):
+        first = (k // len(series)) * block
+        assert its == list(range(first, min(first + block, iterations)))
+    # The first series of each round of blocks takes turns.
+    firsts = [runs[r * len(series)][0] for r in range(nblocks)]
+    assert firsts == [series[r % len(series)] for r in range(nblocks)]
+
+
+def test_the_turns_start_where_they_are_told():
+    from commbench.bench.sweep import schedule
+
+    assert [s for s, _ in schedule(("a", "b", "c"), 2, 2, turn=1)] == ["b", "b", "c", "c", "a", "a"]
+    assert [s for s, _ in schedule(("a", "b", "c"), 2, 2, turn=5)] == ["c", "c", "a", "a", "b", "b"]
 
 
 @pytest.mark.parametrize(

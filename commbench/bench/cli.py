@@ -87,6 +87,13 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
     p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations first (default 5)")
     p.add_argument(
+        "--block",
+        type=int,
+        default=1,
+        help="iterations each series runs back to back before the next takes over (default 1: "
+        "interleaved call by call; -w + -n or more: one series at a time, as nccl-tests times)",
+    )
+    p.add_argument(
         "-c",
         "--check",
         type=int,
@@ -188,6 +195,7 @@ def sweep_config(args: argparse.Namespace) -> Any:
         step_bytes=args.stepbytes,
         iters=args.iters,
         warmup=args.warmup,
+        block=args.block,
         check=bool(args.check),
         dtype=args.dtype,
         op=args.op,

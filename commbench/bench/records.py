@@ -50,6 +50,7 @@ class SweepRecord:
     wire_expected_ratio: float | None = None
     wire_check: str | None = None
     hosts: list[dict] | None = None
+    block: int = 1  # iterations of one series run back to back (1: interleaved call by call)
     type: str = "sweep"
 
 

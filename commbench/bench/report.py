@@ -17,10 +17,19 @@ def table_header(config: Any, run: dict[str, Any]) -> str:
         f"# commbench sweep: {config.collective}, {run['world_size']} ranks, backend {run['backend']}, "
         f"device {run['device']}\n"
         f"# time = median of {config.iters} iterations (after {config.warmup} warm-up) of the slowest "
-        f"rank; GB/s = 1e9 B/s\n"
+        f"rank; {_order(config)}; GB/s = 1e9 B/s\n"
         f"# busbw = algbw x bus factor (nccl-tests); 'limit' = bidirectional send/recv between ring "
         f"neighbours at the same size\n#{_COLS[1:]}"
     )
+
+
+def _order(config: Any) -> str:
+    block = config.block
+    if block == 1:
+        return "series interleaved call by call"
+    if block >= config.warmup + config.iters:
+        return "each series' calls back to back"
+    return f"series in turns of {block} calls"
 
 
 def _fmt(x: float | None, spec: str, width: int) -> str:

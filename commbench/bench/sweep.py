@@ -2,6 +2,8 @@
 
 At each size the algorithms are interleaved iteration by iteration, so they all see the same
 machine conditions, in an order that rotates from one iteration to the next (:func:`rotated`);
+with ``block`` above 1 each series runs that many iterations back to back before the next one
+takes over (:func:`schedule`), up to one series at a time, as nccl-tests times a collective;
 the transport's limit (a segmented bidirectional send/recv between ring neighbours) is measured
 in the same loop. Every iteration starts from the same input, after a barrier, outside the timed
 region; an iteration's time is the slowest rank's.
@@ -48,6 +50,7 @@ class SweepConfig:
     step_bytes: int | None = None
     iters: int = 20
     warmup: int = 5
+    block: int = 1
     check: bool = True
     dtype: str = "float32"
     op: str = "sum"
@@ -92,6 +95,8 @@ class SweepConfig:
             raise ValueError(f"iters must be >= 1, got {self.iters}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.block < 1:
+            raise ValueError(f"block must be >= 1 iteration, got {self.block}")
         if self.probe_iters < 1:
             raise ValueError(f"probe iterations must be >= 1, got {self.probe_iters}")
         if not (0.001 <= self.probe_interval_s <= 60):
@@ -207,6 +212,20 @@ def rotated(series: tuple[str, ...], it: int) -> tuple[str, ...]:
     return series[k:] + series[:k]
 
 
+def schedule(series: tuple[str, ...], iterations: int, block: int, turn: int = 0) -> list[tuple[str, int]]:
+    """(series, iteration) in the order they run at one size: blocks of ``block`` iterations of one
+    series, the series taking turns block by block in :func:`rotated` order, starting at ``turn``.
+
+    A block of 1 interleaves iteration by iteration; a block of ``iterations`` or more runs each
+    series' iterations back to back, one series after another.
+    """
+    order = []
+    for first in range(0, iterations, block):
+        for s in rotated(series, turn + first // block):
+            order.extend((s, it) for it in range(first, min(first + block, iterations)))
+    return order
+
+
 class _Timer:
     """Wall clock on CPU; CUDA events on GPU (the host waits for the end event)."""
 
@@ -233,7 +252,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
         config: what to sweep.
         device_kind: "cpu" or "cuda".
         emit: called on rank 0 as emit(kind, payload) with kind "start" (sizes), "record"
-            (SweepRecord) or "step" (one iteration done, for progress).
+            (SweepRecord) or "step" (one call of one series done, for progress).
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     if config.root >= world:
@@ -260,12 +279,13 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
             {
                 "sizes": all_sizes,
                 "iterations": config.warmup + config.iters,
+                "series": len(config.series),
                 "world_size": world,
                 "backend": backend,
                 "device": device.type,
             },
         )
-    for size in all_sizes:
+    for turn, size in enumerate(all_sizes):
         count = spec.count(size, dtype.itemsize, world)
         if count == 0:
             continue
@@ -281,15 +301,16 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
             for s in config.series
         }
         times: dict[str, list[float]] = {s: [] for s in config.series}
-        for it in range(config.warmup + config.iters):
-            for s in rotated(config.series, it):
-                sp, b = (limit_spec, bufs[s]) if s == LIMIT else (spec, bufs[s])
-                algo = "p2p" if s == LIMIT else s
-                b.input.copy_(b.reference)
-                dist.barrier()
-                t = timer.time(lambda: sp.run(b, algo, config.op, config.root, None, workspace))  # noqa: B023
-                if it >= config.warmup:
-                    times[s].append(t)
+        # The turns go on from size to size, so that with one block per series (a block of
+        # -w + -n) the same series is not the first to run at every size.
+        for s, it in schedule(config.series, config.warmup + config.iters, config.block, turn):
+            sp, b = (limit_spec, bufs[s]) if s == LIMIT else (spec, bufs[s])
+            algo = "p2p" if s == LIMIT else s
+            b.input.copy_(b.reference)
+            dist.barrier()
+            t = timer.time(lambda: sp.run(b, algo, config.op, config.root, None, workspace))  # noqa: B023
+            if it >= config.warmup:
+                times[s].append(t)
             if rank == 0:
                 emit("step", None)
         # The time of an iteration is the slowest rank's.
@@ -347,6 +368,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
                 count=count,
                 iters=config.iters,
                 warmup=config.warmup,
+                block=config.block,
                 **st[s],
                 algbw_gbps=algbw,
                 busbw_gbps=busbw[s],
@@ -433,7 +455,7 @@ class Rank0Output:
                 from tqdm import tqdm
 
                 self.bar = tqdm(
-                    total=len(payload["sizes"]) * payload["iterations"],
+                    total=len(payload["sizes"]) * payload["iterations"] * payload["series"],
                     file=sys.stderr,
                     delay=2.0,
                     unit="iter",
