@@ -139,40 +139,9 @@ def test_closed_form_matches_reducing_the_patterns(op, world):
     assert torch.equal(reduced_pattern(world, 23, op, torch.float64, torch.device("cpu")), direct)
 
 
-def test_the_series_take_turns_at_running_first(tmp_path, monkeypatch):
-    """No series always runs first after the barrier, or always right after the same other one."""
-    import torch.distributed as dist
-
-    from commbench.bench import collectives, sweep
-
-    ran: list[str] = []
-    for spec in (collectives.SPECS["all_reduce"], collectives.SPECS["sendrecv"]):
-        real = spec.run
-        monkeypatch.setattr(
-            spec, "run", lambda b, algo, *a, _real=real: ran.append(algo) or _real(b, algo, *a)
-        )
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        config = SweepConfig(
-            algorithms=("builtin", "naive"),
-            min_bytes=1024,
-            max_bytes=1024,
-            iters=2,
-            warmup=1,
-            probe=False,
-            check=False,
-        )
-        sweep.run_rank(config, "cpu", lambda kind, payload: None)
-    finally:
-        dist.destroy_process_group()
-    series = [s if s != LIMIT else "p2p" for s in config.series]
-    assert len(series) == 3
-    assert ran == [*series, *series[1:], series[0], series[2], *series[:2]]
-
-
-def test_with_one_block_per_series_each_runs_its_calls_back_to_back(tmp_path, monkeypatch):
-    """A block of -w + -n: one series at a time, the first one changing from size to size; every
-    call counts once for progress, and the records say how the calls were ordered."""
+def _sweep_one_rank(tmp_path, monkeypatch, **fields) -> tuple[SweepConfig, list[str], list, list]:
+    """Run a one-rank all_reduce sweep of builtin and naive; returns (config, the series each call
+    ran, in order, the emitted events, the records)."""
     import torch.distributed as dist
 
     from commbench.bench import collectives, sweep
@@ -184,21 +153,29 @@ def test_with_one_block_per_series_each_runs_its_calls_back_to_back(tmp_path, mo
             spec, "run", lambda b, algo, *a, _real=real: ran.append(algo) or _real(b, algo, *a)
         )
     events: list[tuple[str, object]] = []
+    config = SweepConfig(
+        algorithms=("builtin", "naive"), iters=2, warmup=1, probe=False, check=False, **fields
+    )
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        config = SweepConfig(
-            algorithms=("builtin", "naive"),
-            min_bytes=1024,
-            max_bytes=2048,
-            iters=2,
-            warmup=1,
-            block=3,
-            probe=False,
-            check=False,
-        )
         records = sweep.run_rank(config, "cpu", lambda kind, payload: events.append((kind, payload)))
     finally:
         dist.destroy_process_group()
+    return config, ran, events, records
+
+
+def test_the_series_take_turns_at_running_first(tmp_path, monkeypatch):
+    """No series always runs first after the barrier, or always right after the same other one."""
+    config, ran, _, _ = _sweep_one_rank(tmp_path, monkeypatch, min_bytes=1024, max_bytes=1024)
+    series = [s if s != LIMIT else "p2p" for s in config.series]
+    assert len(series) == 3
+    assert ran == [*series, *series[1:], series[0], series[2], *series[:2]]
+
+
+def test_with_one_block_per_series_each_runs_its_calls_back_to_back(tmp_path, monkeypatch):
+    """A block of -w + -n: one series at a time, the first one changing from size to size; every
+    call counts once for progress, and the records say how the calls were ordered."""
+    _, ran, events, records = _sweep_one_rank(tmp_path, monkeypatch, min_bytes=1024, max_bytes=2048, block=3)
     b, n, p = "builtin", "naive", "p2p"
     assert ran == [b] * 3 + [n] * 3 + [p] * 3 + [n] * 3 + [p] * 3 + [b] * 3
     assert sum(kind == "step" for kind, _ in events) == len(ran)
