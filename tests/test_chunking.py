@@ -1,4 +1,5 @@
-"""Schedules with no process group: chunk boundaries, ring orders, trees, recursive doubling."""
+"""Schedules with no process group: chunk boundaries, ring orders, trees, recursive doubling and
+halving."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import strategies as st
 from commbench.comm.chunking import (
     binomial_children,
     binomial_parent,
+    halving_schedule,
     num_segments,
     recursive_doubling_layout,
     recursive_doubling_rank,
@@ -108,3 +110,47 @@ def test_recursive_doubling_folds_to_a_power_of_two(world):
     for r, c in enumerate(core_ranks):
         if c is not None:
             assert recursive_doubling_real(c, world) == r
+
+
+@given(log_core=st.integers(0, 5), count=st.integers(0, 300))
+def test_recursive_halving_reduces_each_span_once_and_doubling_gathers_it_back(log_core, count):
+    core = 1 << log_core
+    plans = [halving_schedule(r, core, count) for r in range(core)]
+    assert all(len(p) == log_core for p in plans)
+    # holdings[r][i] = ranks whose contribution to element i rank r holds
+    holdings = [[{r} for _ in range(count)] for r in range(core)]
+    span = [(0, count)] * core
+    for step in range(log_core):
+        moved = []
+        for r in range(core):
+            partner, keep, give = plans[r][step]
+            assert plans[partner][step][0] == r, "partners name each other"
+            assert span[r] == span[partner], "partners share the span they split"
+            assert plans[partner][step][2] == keep and plans[partner][step][1] == give
+            assert (min(keep[0], give[0]), max(keep[1], give[1])) == span[r] and keep[1] - keep[0] >= 0
+            moved.append((partner, give, [set(holdings[r][i]) for i in range(*give)]))
+        for partner, (g0, g1), contrib in moved:
+            for i, c in zip(range(g0, g1), contrib, strict=True):
+                holdings[partner][i] |= c
+        span = [plans[r][step][1] for r in range(core)]
+    # after the halving, core rank r holds the r-th span, fully reduced; the spans tile the message
+    starts = sorted(span)
+    assert [a for a, _ in starts[1:]] == [b for _, b in starts[:-1]]
+    assert starts[0][0] == 0 and starts[-1][1] == count
+    assert [span[r] for r in range(core)] == starts
+    for r in range(core):
+        assert all(holdings[r][i] == set(range(core)) for i in range(*span[r]))
+    # the doubling retraces the rounds: each rank's span grows to the whole message
+    for step in reversed(range(log_core)):
+        grown = []
+        for r in range(core):
+            partner, _, give = plans[r][step]
+            assert span[partner] == give, "a rank receives what it gave, now reduced"
+            grown.append((min(span[r][0], give[0]), max(span[r][1], give[1])))
+        span = grown
+    assert span == [(0, count)] * core
+
+
+def test_halving_schedule_rejects_a_core_not_a_power_of_two():
+    with pytest.raises(ValueError, match="power of two, got 3"):
+        halving_schedule(0, 3, 10)

@@ -147,7 +147,7 @@ def test_in_place_reduce_scatter(worlds, world_size, count):
 def test_bad_arguments_raise_clear_errors(worlds):
     expected = {
         "non-contiguous": "contiguous",
-        "unknown algorithm": "choose from builtin, naive, ring, rd, auto",
+        "unknown algorithm": "choose from builtin, naive, ring, rd, hd, auto",
         "tree all_reduce": "unknown algorithm 'tree'",
         "unknown op": "unknown op 'xor'",
         "avg on integers": "floating-point",

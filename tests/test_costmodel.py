@@ -60,6 +60,21 @@ def test_builtin_is_priced_as_a_ring_and_auto_as_what_it_picks():
     assert cost("all_reduce", "auto", 4, 256, 4).sent_bytes == cost("all_reduce", small, 4, 256, 4).sent_bytes
 
 
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
+def test_halving_doubling_moves_what_a_ring_moves_in_logarithmic_steps(world):
+    core = 1 << (world.bit_length() - 1)
+    count = 1 << 20
+    hd, ring = cost("all_reduce", "hd", world, count, 4), cost("all_reduce", "ring", world, count, 4)
+    folded = 2 * (world - core)  # ranks that fold in: the odd ones also move the whole message
+    for r in range(folded, world):
+        assert hd.sent_bytes[r] == hd.recv_bytes[r] == 2 * (core - 1) * 4 * count // core
+    assert all(hd.sent_bytes[r] == 4 * count for r in range(0, folded, 2))
+    assert hd.steps == 2 * (core.bit_length() - 1) + (2 if folded else 0)
+    if world == core:
+        assert hd.sent_bytes == ring.sent_bytes and hd.critical_bytes == ring.critical_bytes
+        assert hd.steps <= ring.steps
+
+
 def test_bus_factors_are_nccl_tests():
     assert bus_factor("all_reduce", 4) == 1.5
     assert bus_factor("all_gather", 4) == 0.75

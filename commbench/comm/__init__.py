@@ -28,6 +28,7 @@ _IMPLS: dict[str, dict[str, Callable[..., None]]] = {
         "naive": naive.all_reduce,
         "ring": ring.all_reduce,
         "rd": recursive.all_reduce,
+        "hd": recursive.halving_doubling_all_reduce,
     },
     "reduce_scatter": {
         "builtin": builtin.reduce_scatter,

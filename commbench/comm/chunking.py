@@ -100,3 +100,28 @@ def recursive_doubling_real(core_rank: int, world: int) -> int:
     """The real rank of a core rank (inverse of :func:`recursive_doubling_rank`)."""
     _, folded = recursive_doubling_layout(world)
     return core_rank * 2 + 1 if core_rank < folded else core_rank + folded
+
+
+def halving_schedule(core_rank: int, core: int, count: int) -> list[tuple[int, Span, Span]]:
+    """(partner's core rank, span kept, span given) per round of a recursive-halving reduce-scatter
+    over ``count`` elements among ``core`` (a power of two) ranks.
+
+    Each round halves the span a rank is responsible for: partners share a span, the one whose
+    bit for this round is clear keeps the lower half, the other the upper. Rounds go from the
+    highest bit down, so after the last one core rank r holds the r-th of ``core`` spans. The
+    recursive-doubling all-gather runs the rounds in reverse: a rank sends its span and receives
+    the span it gave.
+    """
+    if core < 1 or core & (core - 1):
+        raise ValueError(f"core must be a power of two, got {core}")
+    rounds = []
+    lo, hi = 0, count
+    bit = core >> 1
+    while bit:
+        mid = (lo + hi) // 2
+        lower, upper = (lo, mid), (mid, hi)
+        keep, give = (upper, lower) if core_rank & bit else (lower, upper)
+        rounds.append((core_rank ^ bit, keep, give))
+        lo, hi = keep
+        bit >>= 1
+    return rounds

@@ -15,8 +15,10 @@ from commbench.comm import tuning
 from commbench.comm.chunking import (
     binomial_children,
     binomial_parent,
+    halving_schedule,
     num_segments,
     recursive_doubling_layout,
+    recursive_doubling_rank,
     ring_all_gather_order,
     ring_reduce_scatter_order,
     split,
@@ -75,6 +77,27 @@ def _rd_all_reduce(size: int, n: int) -> tuple[list[int], list[int], int, int]:
     return sent, recv, steps, steps * size
 
 
+def _hd_all_reduce(count: int, n: int, item: int) -> tuple[list[int], list[int], int, int]:
+    """Recursive halving then doubling: each core rank sends and receives, per round, the span it
+    gives and the span it keeps (halving one way, doubling the other); folds as in ``rd``."""
+    core, folded = recursive_doubling_layout(n)
+    size = count * item
+    moved, widest = [], [0] * (core.bit_length() - 1)  # widest message per round
+    for r in range(n):
+        me = recursive_doubling_rank(r, n)
+        if me is None:
+            moved.append(size)
+            continue
+        rounds = halving_schedule(me, core, count)
+        moved.append(item * sum(k1 - k0 + g1 - g0 for _, (k0, k1), (g0, g1) in rounds))
+        moved[-1] += size if r < 2 * folded else 0
+        for i, (_, (k0, k1), (g0, g1)) in enumerate(rounds):
+            widest[i] = max(widest[i], k1 - k0, g1 - g0)
+    fold = 2 if folded else 0
+    steps = 2 * len(widest) + fold
+    return moved, list(moved), steps, 2 * item * sum(widest) + fold * size
+
+
 def _ring_reduce(count: int, n: int, item: int, dst: int) -> tuple[list[int], list[int], int, int]:
     """Equal-chunk reduce-scatter of the first n*m elements, chunks gathered at ``dst``, and the
     count mod n leftover elements up a binomial tree (see ``ring.reduce``)."""
@@ -130,6 +153,8 @@ def cost(
             steps, critical = 2 * (n - 1), 2 * (n - 1) * size
         elif priced == "rd":
             sent, recv, steps, critical = _rd_all_reduce(size, n)
+        elif priced == "hd":
+            sent, recv, steps, critical = _hd_all_reduce(count, n, itemsize)
         else:
             raise ValueError(f"no cost for {collective}/{algorithm}")
     elif collective in ("reduce_scatter", "all_gather"):
@@ -241,8 +266,11 @@ def scratch_bytes(
             elems = [(n - 1) * count] + [0] * (n - 1)
         elif (collective, algorithm) == ("reduce_scatter", "naive"):
             elems = [n * count] + [0] * (n - 1)  # and the reduced whole
-        elif (collective, algorithm) == ("all_reduce", "rd"):
-            elems = [count] * n
+        elif (collective, algorithm) in (("all_reduce", "rd"), ("all_reduce", "hd")):
+            # a rank folded into its neighbour receives nothing; one that takes a fold, the whole
+            core = (count + 1) // 2 if algorithm == "hd" else count
+            folded = recursive_doubling_layout(n)[1]
+            elems = [(0 if r % 2 == 0 else count) if r < 2 * folded else core for r in range(n)]
         elif (collective, algorithm) == ("all_reduce", "ring"):
             elems = [_ring_reduce_scatter_scratch(-(-count // n), n, itemsize, segment_bytes, True)] * n
         elif (collective, algorithm) == ("reduce_scatter", "ring") and part > 0:
