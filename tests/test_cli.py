@@ -255,8 +255,9 @@ def _kill_after(proc: subprocess.Popen, seconds: float):
         timer.cancel()
 
 
-def _run_file(path: Path, world: int, ratios: dict[int, float]) -> Path:
-    """A sweep file as commbench writes it, with ring's ratio to builtin per size."""
+def _run_file(path: Path, world: int, ratios: dict[int, float], block: int | None = None) -> Path:
+    """A sweep file as commbench writes it, with ring's ratio to builtin per size (and no block
+    field when ``block`` is None, as files written before --block existed)."""
     rows = [{"type": "header", "command": f"commbench sweep --world-size {world}"}]
     for size, ratio in ratios.items():
         for algo, r in (("builtin", 1.0), ("ring", ratio)):
@@ -274,6 +275,8 @@ def _run_file(path: Path, world: int, ratios: dict[int, float]) -> Path:
                     "frac_of_limit": None,
                 }
             )
+            if block is not None:
+                rows[-1]["block"] = block
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -322,6 +325,25 @@ def test_summary_across_refuses_runs_of_different_sweeps(tmp_path, capsys):
     assert main(["summary", "--across", str(a), str(b)]) == 2
     err = capsys.readouterr().err
     assert "runs of one sweep" in err and err.count("\n") == 1
+
+
+def test_summary_across_refuses_runs_timed_in_different_blocks(tmp_path, capsys):
+    a = _run_file(tmp_path / "a.jsonl", 4, {1024: 1.0})  # no block field: interleaved call by call
+    b = _run_file(tmp_path / "b.jsonl", 4, {1024: 1.0}, block=25)
+    assert main(["summary", "--across", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert "runs of one sweep" in err and "--block 25" in err and err.count("\n") == 1
+
+
+def test_summary_across_runs_of_one_block_says_it(tmp_path, capsys):
+    a = _run_file(tmp_path / "a.jsonl", 4, {1024: 1.0}, block=1)
+    b = _run_file(tmp_path / "b.jsonl", 4, {1024: 1.0})  # the same timing, recorded before --block
+    c = _run_file(tmp_path / "c.jsonl", 4, {1024: 1.0}, block=4)
+    d = _run_file(tmp_path / "d.jsonl", 4, {1024: 1.0}, block=4)
+    assert main(["summary", "--across", str(a), str(b)]) == 0
+    assert "2 runs: all_reduce, 4 ranks, gloo, float32\n" in capsys.readouterr().out
+    assert main(["summary", "--across", str(c), str(d)]) == 0
+    assert "2 runs: all_reduce, 4 ranks, gloo, float32, --block 4\n" in capsys.readouterr().out
 
 
 def test_summary_across_one_real_sweep_twice(recorded_sweep, capsys):

@@ -365,9 +365,17 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
 
 
 def _what(records: list[dict]) -> tuple:
-    """(collective, world size, backend, dtype) of a sweep file's records (its first point's)."""
+    """(collective, world size, backend, dtype, block) of a sweep file's records (its first
+    point's); records written before ``--block`` existed interleaved call by call (block 1)."""
     first = next((r for r in records if r.get("type") == "sweep"), {})
-    return tuple(first.get(k, "?") for k in ("collective", "world_size", "backend", "dtype"))
+    what = tuple(first.get(k, "?") for k in ("collective", "world_size", "backend", "dtype"))
+    return (*what, first.get("block", 1))
+
+
+def _describe(what: tuple) -> str:
+    collective, world, backend, dtype, block = what
+    timed = "" if block == 1 else f", --block {block}"
+    return f"{collective}, {world} ranks, {backend}, {dtype}{timed}"
 
 
 def cmd_summary(files: list[str], across: bool = False) -> int:
@@ -377,18 +385,16 @@ def cmd_summary(files: list[str], across: bool = False) -> int:
     if across:
         whats = {_what(records) for _, _, records in loaded}
         if len(whats) > 1:
-            kinds = "; ".join(", ".join(map(str, w)) for w in sorted(whats, key=str))
+            kinds = "; ".join(_describe(w) for w in sorted(whats, key=str))
             raise ValueError(f"--across needs runs of one sweep; these files hold several: {kinds}")
-        collective, world, backend, dtype = whats.pop()
-        print(f"### {len(files)} runs: {collective}, {world} ranks, {backend}, {dtype}\n")
+        print(f"### {len(files)} runs: {_describe(whats.pop())}\n")
         commands = dict.fromkeys(header.get("command", "?") for _, header, _ in loaded)
         print("```\n" + "\n".join(commands) + "\n```\n")
         print(spread_table([records for _, _, records in loaded]))
         print()
         return 0
     for path, header, records in loaded:
-        collective, world, backend, dtype = _what(records)
-        print(f"### {path}: {collective}, {world} ranks, {backend}, {dtype}")
+        print(f"### {path}: {_describe(_what(records))}")
         print(f"\n`{header.get('command', '?')}`\n")
         print(ratio_table(records))
         print()
