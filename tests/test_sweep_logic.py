@@ -226,6 +226,26 @@ def test_the_turns_start_where_they_are_told():
 
 
 @pytest.mark.parametrize(
+    "warmup, iters, block, says",
+    [
+        (5, 20, 1, "series interleaved call by call"),
+        (5, 20, 4, "series in turns of 4 calls"),
+        (5, 20, 24, "series in turns of 24 calls"),
+        (5, 20, 25, "each series' calls back to back"),
+        (0, 3, 7, "each series' calls back to back"),
+    ],
+)
+def test_the_table_header_says_how_the_series_took_turns(warmup, iters, block, says):
+    from commbench.bench.report import table_header
+
+    config = SweepConfig(warmup=warmup, iters=iters, block=block)
+    header = table_header(config, {"world_size": 4, "backend": "gloo", "device": "cpu"})
+    timing = header.splitlines()[1]
+    assert f"median of {iters} iterations (after {warmup} warm-up)" in timing
+    assert f"; {says};" in timing
+
+
+@pytest.mark.parametrize(
     "collective, algorithms, world, per_series",
     [
         # all_reduce: the tensor (in place) and its pristine copy; the limit: input, output, copy

@@ -1,7 +1,8 @@
 """The sweep driver: one loop for every collective and algorithm (see ``collectives.SPECS``).
 
 At each size the algorithms are interleaved iteration by iteration, so they all see the same
-machine conditions, in an order that rotates from one iteration to the next (:func:`rotated`);
+machine conditions, in an order that rotates from one iteration to the next and carries on
+from size to size (:func:`rotated`), so no series is always first after the barrier;
 with ``block`` above 1 each series runs that many iterations back to back before the next one
 takes over (:func:`schedule`), up to one series at a time, as nccl-tests times a collective;
 the transport's limit (a segmented bidirectional send/recv between ring neighbours) is measured
