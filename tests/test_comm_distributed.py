@@ -127,7 +127,7 @@ def test_bytes_on_the_wire_match_the_cost_model(worlds, world_size, collective):
 
 @pytest.mark.parametrize(
     ("vary", "algorithm"),
-    [(v, a) for v in ("size", "op", "local") for a in ("ring", "naive", "rd", "builtin")]
+    [(v, a) for v in ("size", "op", "local") for a in ("ring", "naive", "rd", "hd", "builtin")]
     + [("segment", "ring"), ("segment", "auto")],
 )
 def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
@@ -136,6 +136,15 @@ def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
         assert "contiguous" in results[1] and all("ranks disagree" in results[r] for r in (0, 2)), results
     else:
         assert all("ranks disagree" in r for r in results), results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [6, 7, 8])
+def test_all_reduce_beyond_five_ranks(worlds, world_size):
+    """auto picks hd at 8 ranks; 6 and 7 fold two and three ranks into a core of 4."""
+    for count in (1021, 300_001):
+        case = {"collective": "all_reduce", "count": count, "root": 0}
+        assert worlds(world_size).run(("grid", case)) == [[]] * world_size, count
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4, 5])

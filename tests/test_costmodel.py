@@ -72,7 +72,17 @@ def test_halving_doubling_moves_what_a_ring_moves_in_logarithmic_steps(world):
     assert hd.steps == 2 * (core.bit_length() - 1) + (2 if folded else 0)
     if world == core:
         assert hd.sent_bytes == ring.sent_bytes and hd.critical_bytes == ring.critical_bytes
-        assert hd.steps <= ring.steps
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 6, 7, 8])
+@pytest.mark.parametrize("count", [0, 1, 3, 7, 1021])
+def test_halving_doubling_at_any_count_moves_each_element_once_a_round(world, count):
+    """Each round the pairs split what they share, so the core's sends in one phase add up to
+    (core - 1) messages whatever the count; a folded pair adds one whole message each way."""
+    core = 1 << (world.bit_length() - 1)
+    folds = world - core
+    hd = cost("all_reduce", "hd", world, count, 2)
+    assert sum(hd.sent_bytes) == sum(hd.recv_bytes) == 2 * 2 * count * (core - 1) + 2 * folds * 2 * count
 
 
 def test_bus_factors_are_nccl_tests():
