@@ -60,21 +60,21 @@ def _ring_all_reduce(count: int, n: int, item: int) -> tuple[list[int], list[int
     return sent, recv, 2 * (n - 1), max(max(sent), max(recv))
 
 
+def _fold_bytes(r: int, folded: int, size: int) -> int:
+    """What folding adds to rank ``r`` each way: in the first 2 x ``folded`` ranks, the even one
+    sends its data and gets the result back, the odd one takes the data and returns the result."""
+    return size if r < 2 * folded else 0
+
+
 def _rd_all_reduce(size: int, n: int) -> tuple[list[int], list[int], int, int]:
     core, folded = recursive_doubling_layout(n)
     rounds = core.bit_length() - 1
-    sent, recv = [], []
-    for r in range(n):
-        if r < 2 * folded:
-            extra = size if r % 2 else 0  # the odd partner receives the fold and returns the result
-            own = 0 if r % 2 == 0 else rounds * size
-            sent.append(own + (size if r % 2 == 0 else extra))
-            recv.append(own + (size if r % 2 == 0 else extra))
-        else:
-            sent.append(rounds * size)
-            recv.append(rounds * size)
+    moved = [
+        (0 if recursive_doubling_rank(r, n) is None else rounds * size) + _fold_bytes(r, folded, size)
+        for r in range(n)
+    ]
     steps = rounds + (2 if folded else 0)
-    return sent, recv, steps, steps * size
+    return moved, list(moved), steps, steps * size
 
 
 def _hd_all_reduce(count: int, n: int, item: int) -> tuple[list[int], list[int], int, int]:
@@ -84,13 +84,12 @@ def _hd_all_reduce(count: int, n: int, item: int) -> tuple[list[int], list[int],
     size = count * item
     moved, widest = [], [0] * (core.bit_length() - 1)  # widest message per round
     for r in range(n):
+        moved.append(_fold_bytes(r, folded, size))
         me = recursive_doubling_rank(r, n)
         if me is None:
-            moved.append(size)
             continue
         rounds = halving_schedule(me, core, count)
-        moved.append(item * sum(k1 - k0 + g1 - g0 for _, (k0, k1), (g0, g1) in rounds))
-        moved[-1] += size if r < 2 * folded else 0
+        moved[-1] += item * sum(k1 - k0 + g1 - g0 for _, (k0, k1), (g0, g1) in rounds)
         for i, (_, (k0, k1), (g0, g1)) in enumerate(rounds):
             widest[i] = max(widest[i], k1 - k0, g1 - g0)
     fold = 2 if folded else 0
