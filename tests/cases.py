@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import socket
 import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -122,19 +124,30 @@ def _bytes(case: dict[str, Any]) -> tuple[int, int]:
     b = spec.make(count, torch.float32, torch.device("cpu"), rank, world, "sum", case["root"])
     b.input.copy_(b.reference)
     counted = [0, 0]
-    original = p2p.exchange
-
-    def counting(send, dst, recv, src, group):
-        counted[0] += send.numel() * send.element_size() if send is not None else 0
-        counted[1] += recv.numel() * recv.element_size() if recv is not None else 0
-        return original(send, dst, recv, src, group)
-
-    p2p.exchange = counting
-    try:
+    with _counting_messages(lambda tensor: tensor.numel() * tensor.element_size(), counted):
         spec.run(b, case["algorithm"], "sum", case["root"], None, None)
-    finally:
-        p2p.exchange = original
     return counted[0], counted[1]
+
+
+@contextlib.contextmanager
+def _counting_messages(measure: Callable[[torch.Tensor], int], counted: list[int]) -> Iterator[None]:
+    """Add ``measure(tensor)`` of every message this rank starts sending to ``counted[0]``, and of
+    every receive it starts to ``counted[1]``: at the two calls every gloo path ends in."""
+    send_on, recv_on = p2p.isend_on, p2p.irecv_on
+
+    def sending(pg, tensor, peer):
+        counted[0] += measure(tensor)
+        return send_on(pg, tensor, peer)
+
+    def receiving(pg, tensor, peer):
+        counted[1] += measure(tensor)
+        return recv_on(pg, tensor, peer)
+
+    p2p.isend_on, p2p.irecv_on = sending, receiving
+    try:
+        yield
+    finally:
+        p2p.isend_on, p2p.irecv_on = send_on, recv_on
 
 
 def _segments(case: dict[str, Any]) -> dict[str, Any]:
@@ -152,21 +165,12 @@ def _segments(case: dict[str, Any]) -> dict[str, Any]:
         if spec.wrong(b, "sum", rank, world, root):
             failures.append(f"{name} {series} on rank {rank}")
     sends = {}
-    original = p2p.exchange
     for s in ("ring", series, "auto", f"auto@{case['segment_bytes']}"):
-        sent = [0]
-
-        def counting(send, dst, recv, src, group, sent=sent):
-            sent[0] += send is not None and send.numel() > 0
-            return original(send, dst, recv, src, group)
-
+        counted = [0, 0]
         b = SPECS["all_reduce"].make(case["count"], torch.float32, torch.device("cpu"), rank, world, "sum", 0)
-        p2p.exchange = counting
-        try:
+        with _counting_messages(lambda tensor: 1, counted):
             SPECS["all_reduce"].run(b, s, "sum", 0, None, None)
-        finally:
-            p2p.exchange = original
-        sends[s] = sent[0]
+        sends[s] = counted[0]
     return {"failures": failures, "sends": sends}
 
 
@@ -258,24 +262,35 @@ def _routes(case: dict[str, Any]) -> dict[str, Any]:
     comm.all_reduce(tensor, algorithm="ring")
     upward, downward = p2p.route(None, 0, 1), p2p.route(None, 1, 0)
     carried: list[Any] = []
-    original = p2p.isend_on
+    exchanged = [0]
+    original, exchange = p2p.isend_on, p2p.exchange
 
     def noting(pg, tensor, peer):
         carried.append(pg)
         return original(pg, tensor, peer)
 
-    p2p.isend_on = noting
+    def routed_per_message(*args):
+        exchanged[0] += 1
+        return exchange(*args)
+
+    p2p.isend_on, p2p.exchange = noting, routed_per_message
     try:
         comm.all_reduce(tensor, algorithm="ring")
     finally:
-        p2p.isend_on = original
+        p2p.isend_on, p2p.exchange = original, exchange
     me, peer = dist.get_rank(), 1 - dist.get_rank()
     mine = p2p.route(None, me, peer) or dist.group.WORLD
+    world = dist.get_world_size()
+    post_send, post_recv = p2p.link(None, (me + 1) % world, (me - 1) % world, torch.device("cpu"))
     return {
-        "sum_ok": bool(torch.all(tensor == dist.get_world_size() ** 2)),
+        "sum_ok": bool(torch.all(tensor == world**2)),
         "upward_is_group": upward is None,
         "downward_is_group": downward is None,
         "sends_on_my_route": bool(carried) and all(g is mine for g in carried),
+        # the ring's messages are routed once per call (p2p.link), not one by one
+        "exchange_calls": exchanged[0],
+        "empty_moves_nothing": [post_send(torch.empty(0)), post_send(None), post_recv(torch.empty(0))]
+        == [None, None, None],
     }
 
 

@@ -186,6 +186,8 @@ def test_two_gloo_ranks_use_one_connection_per_direction(worlds, world_size):
     assert [r["downward_is_group"] for r in results] == [world_size > 2] * world_size
     if world_size == 2:
         assert all(r["sends_on_my_route"] for r in results)
+    assert [r["exchange_calls"] for r in results] == [0] * world_size
+    assert all(r["empty_moves_nothing"] for r in results)
 
 
 def test_duplex_can_be_turned_off_for_comparison(worlds):
