@@ -135,11 +135,11 @@ def _counting_messages(measure: Callable[[torch.Tensor], int], counted: list[int
     every receive it starts to ``counted[1]``: at the two calls every gloo path ends in."""
     send_on, recv_on = p2p.isend_on, p2p.irecv_on
 
-    def sending(pg, tensor, peer):
+    def sending(pg: dist.ProcessGroup, tensor: torch.Tensor, peer: int) -> p2p.Work:
         counted[0] += measure(tensor)
         return send_on(pg, tensor, peer)
 
-    def receiving(pg, tensor, peer):
+    def receiving(pg: dist.ProcessGroup, tensor: torch.Tensor, peer: int) -> p2p.Work:
         counted[1] += measure(tensor)
         return recv_on(pg, tensor, peer)
 
@@ -269,7 +269,7 @@ def _routes(case: dict[str, Any]) -> dict[str, Any]:
         carried.append(pg)
         return original(pg, tensor, peer)
 
-    def routed_per_message(*args):
+    def routed_per_message(*args: Any) -> tuple[p2p.Work | None, p2p.Work | None]:
         exchanged[0] += 1
         return exchange(*args)
 

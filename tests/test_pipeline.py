@@ -15,18 +15,34 @@ class _Done:
 
 
 def _posted(monkeypatch, n: int, lag: int, ahead: int) -> list[str]:
-    """What pipeline.run hands to p2p, in order, for ``n`` units."""
+    """What pipeline.run hands to p2p, in order, for ``n`` units: through the link to its two
+    neighbours when receives are posted ahead, through exchange (send and receive paired) when not."""
     log: list[str] = []
     units = [Unit(torch.full((2,), float(i)), torch.empty(2)) for i in range(n)]
     index = {id(u.recv): i for i, u in enumerate(units)}
 
-    def exchange(send, dst, recv, src, group):
-        if send is not None:
-            log.append(f"send {int(send[0])}")
-        if recv is not None:
-            log.append(f"recv {index[id(recv)]}")
-        return (_Done() if send is not None else None), (_Done() if recv is not None else None)
+    def post_send(tensor: torch.Tensor | None) -> _Done | None:
+        if tensor is None:
+            return None
+        log.append(f"send {int(tensor[0])}")
+        return _Done()
 
+    def post_recv(tensor: torch.Tensor | None) -> _Done | None:
+        if tensor is None:
+            return None
+        log.append(f"recv {index[id(tensor)]}")
+        return _Done()
+
+    def link(group: object, dst: int, src: int, device: torch.device) -> tuple:
+        assert (dst, src, device) == (1, 1, torch.device("cpu"))
+        return post_send, post_recv
+
+    def exchange(
+        send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int, group: object
+    ) -> tuple:
+        return post_send(send), post_recv(recv)
+
+    monkeypatch.setattr(pipeline.p2p, "link", link)
     monkeypatch.setattr(pipeline.p2p, "exchange", exchange)
     pipeline.run(units, right=1, left=1, lag=lag, recv_ahead=ahead, op="sum", group=None)
     return log
@@ -37,6 +53,11 @@ def test_first_sends_leave_before_the_rest_of_the_receives_are_posted(monkeypatc
     assert log[:4] == ["recv 0", "recv 1", "send 0", "send 1"]
     assert log[4:8] == ["recv 2", "recv 3", "recv 4", "recv 5"]
     assert sorted(log) == sorted([f"recv {i}" for i in range(6)] + [f"send {i}" for i in range(6)])
+
+
+def test_without_receives_ahead_each_receive_goes_with_its_send(monkeypatch):
+    log = _posted(monkeypatch, n=4, lag=1, ahead=0)
+    assert log == [entry for i in range(4) for entry in (f"send {i}", f"recv {i}")]
 
 
 def test_receives_never_run_further_ahead_than_asked(monkeypatch):

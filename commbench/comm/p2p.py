@@ -191,7 +191,8 @@ def exchange(
 
 def link(group: dist.ProcessGroup | None, dst: int, src: int, device: torch.device) -> tuple[Post, Post]:
     """(start sending a tensor to ``dst``, start receiving one from ``src``), for tensors on
-    ``device``: what :func:`exchange` does one way, with its routing done once, here.
+    ``device``: what :func:`exchange` does one way, with its routing done once, here. Every
+    tensor given to the two functions must be on ``device`` (exchange looks at each one).
 
     On gloo with host tensors each function goes straight to the connection that carries its
     direction. A pipeline posts a dozen messages a call or more, and the routing that
@@ -200,10 +201,7 @@ def link(group: dist.ProcessGroup | None, dst: int, src: int, device: torch.devi
     (NCCL, CUDA tensors staged through the host) each call goes through exchange.
     """
     if _needs_batching(group) or device.type != "cpu":
-        return (
-            lambda tensor: exchange(tensor, dst, None, None, group)[0],
-            lambda tensor: exchange(None, None, tensor, src, group)[1],
-        )
+        return (lambda tensor: send(tensor, dst, group)), (lambda tensor: recv(tensor, src, group))
     me = dist.get_rank(group)
     out_pg, out_peer = _carrier(group, me, dst, dst)
     in_pg, in_peer = _carrier(group, src, me, src)
