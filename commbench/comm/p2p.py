@@ -152,6 +152,12 @@ def irecv_on(pg: dist.ProcessGroup, tensor: torch.Tensor, peer: int) -> Work:
     return pg.recv([tensor], peer, 0)
 
 
+def _moves(tensor: torch.Tensor | None) -> bool:
+    """Whether ``tensor`` has anything to transfer: empty tensors are not sent, since both ends
+    derive sizes from the same schedule and agree on it."""
+    return tensor is not None and tensor.numel() > 0
+
+
 def exchange(
     send: torch.Tensor | None,
     dst: int | None,
@@ -164,8 +170,7 @@ def exchange(
     Empty tensors are not sent: both ends derive sizes from the same schedule, so they agree.
     Returns (send work, receive work), None where nothing was started.
     """
-    do_send = send is not None and send.numel() > 0
-    do_recv = recv is not None and recv.numel() > 0
+    do_send, do_recv = _moves(send), _moves(recv)
     if not (do_send or do_recv):
         return None, None
     if _needs_batching(group):
@@ -207,10 +212,10 @@ def link(group: dist.ProcessGroup | None, dst: int, src: int, device: torch.devi
     in_pg, in_peer = _carrier(group, src, me, src)
 
     def post_send(tensor: torch.Tensor | None) -> Work | None:
-        return isend_on(out_pg, tensor, out_peer) if tensor is not None and tensor.numel() else None
+        return isend_on(out_pg, tensor, out_peer) if _moves(tensor) else None
 
     def post_recv(tensor: torch.Tensor | None) -> Work | None:
-        return irecv_on(in_pg, tensor, in_peer) if tensor is not None and tensor.numel() else None
+        return irecv_on(in_pg, tensor, in_peer) if _moves(tensor) else None
 
     return post_send, post_recv
 
