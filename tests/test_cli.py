@@ -112,6 +112,7 @@ def test_sweep_writes_table_json_csv_and_plot(recorded_sweep):
     assert lines[-1] is probe and probe["samples"] and probe["nic"] == "lo"
     assert header["type"] == "header" and header["torch"] and "sweep" in header["command"]
     assert header["tcp_congestion_control"]["local_connections"] == tcp.summary()["local_connections"]
+    assert header["tcp_notsent_lowat"] == tcp.notsent_summary()
     assert len(records) == len(recorded.SWEEP_SIZES) * (len(recorded.SWEEP_ALGORITHMS) + 1)  # + limit
     assert {r["algorithm"] for r in records} == {*recorded.SWEEP_ALGORITHMS, "p2p"}
     assert sorted({r["size_bytes"] for r in records}) == list(recorded.SWEEP_SIZES)

@@ -1,4 +1,5 @@
-"""Congestion control of local connections (commbench.comm.tcp): the choice, and real sockets."""
+"""Congestion control and unsent bytes of local connections (commbench.comm.tcp): the choice, and
+real sockets."""
 
 from __future__ import annotations
 
@@ -95,10 +96,45 @@ def test_paced_local_connections_are_switched_once(connection):
 def test_keep_leaves_them_and_a_name_sets_every_one(connection):
     client, accepted, _ = connection
     _set_all((client, accepted), "bbr")
-    assert tcp.tune_local_connections({tcp.CC_ENV: "keep"}) == {}
+    assert tcp.tune_local_connections({tcp.CC_ENV: "keep", tcp.NOTSENT_ENV: "keep"}) == {}
     assert tcp.congestion_control(client) == "bbr"
     tcp.tune_local_connections({tcp.CC_ENV: "reno"})
     assert tcp.congestion_control(client) == tcp.congestion_control(accepted) == "reno"
+
+
+def test_the_unsent_bytes_setting_is_auto_keep_or_a_size():
+    assert tcp.notsent_setting({}) == tcp.notsent_setting({tcp.NOTSENT_ENV: "auto"}) == tcp.NOTSENT_AUTO
+    assert tcp.notsent_setting({tcp.NOTSENT_ENV: " keep "}) is None
+    assert tcp.notsent_setting({tcp.NOTSENT_ENV: "64K"}) == 65536
+    assert tcp.notsent_setting({tcp.NOTSENT_ENV: "1000"}) == 1000
+    for bad in ("0", "-1", "lots", "1.5M"):
+        with pytest.raises(ValueError, match=r"LOOPBACK_NOTSENT=.* is not auto, keep or a size") as info:
+            tcp.notsent_setting({tcp.NOTSENT_ENV: bad})
+        assert "\n" not in str(info.value)
+
+
+def test_the_summary_names_the_unsent_bytes_local_connections_hold(monkeypatch):
+    monkeypatch.setattr(tcp, "_read", lambda name: "4294967295" if name == "tcp_notsent_lowat" else "")
+    assert tcp.notsent_summary({}) == {"system": 4294967295, "local_connections": tcp.NOTSENT_AUTO}
+    unlimited = {"system": 4294967295, "local_connections": 4294967295}
+    assert tcp.notsent_summary({tcp.NOTSENT_ENV: "keep"}) == unlimited
+    assert tcp.notsent_summary({tcp.NOTSENT_ENV: "1M"})["local_connections"] == 1 << 20
+    monkeypatch.setattr(tcp, "_read", lambda name: "")
+    assert tcp.notsent_summary({tcp.NOTSENT_ENV: "keep"}) == {"system": None, "local_connections": None}
+
+
+@pytest.mark.skipif(tcp._TCP_NOTSENT_LOWAT is None, reason="this platform has no TCP_NOTSENT_LOWAT to set")
+def test_local_connections_get_the_limit_on_unsent_bytes_once(connection):
+    client, accepted, server = connection
+    kernel = tcp.notsent_lowat(client)
+    assert tcp.tune_local_connections({tcp.CC_ENV: "keep", tcp.NOTSENT_ENV: "keep"}) == {}
+    assert tcp.notsent_lowat(client) == kernel
+    changed = tcp.tune_local_connections({tcp.CC_ENV: "keep"})
+    assert changed.get(tcp.NOTSENT, 0) >= 2 and set(changed) == {tcp.NOTSENT}
+    assert tcp.notsent_lowat(client) == tcp.notsent_lowat(accepted) == tcp.NOTSENT_AUTO != kernel
+    assert tcp.tune_local_connections({tcp.CC_ENV: "keep"}) == {}  # each has it already
+    tcp.tune_local_connections({tcp.CC_ENV: "keep", tcp.NOTSENT_ENV: "64K"})
+    assert tcp.notsent_lowat(client) == tcp.notsent_lowat(accepted) == 65536
 
 
 def test_udp_and_other_sockets_are_not_connections_to_tune():
@@ -120,3 +156,13 @@ def test_a_bad_setting_is_one_line_and_exit_2_before_any_rank_starts(monkeypatch
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and "COMMBENCH_LOOPBACK_CC='vegas'" in err
+
+
+def test_a_bad_unsent_bytes_setting_is_one_line_and_exit_2(monkeypatch, capsys):
+    from commbench.bench import cli
+
+    monkeypatch.setenv(tcp.NOTSENT_ENV, "lots")
+    code = cli.main(["sweep", "-b", "1K", "-e", "1K", "--world-size", "2"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "COMMBENCH_LOOPBACK_NOTSENT='lots'" in err

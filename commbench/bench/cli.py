@@ -214,7 +214,9 @@ def launch_spec(args: argparse.Namespace) -> Any:
     from commbench.bench import launch
     from commbench.comm import tcp
 
-    tcp.setting()  # a bad $COMMBENCH_LOOPBACK_CC is refused before any rank starts
+    # A bad $COMMBENCH_LOOPBACK_CC or $COMMBENCH_LOOPBACK_NOTSENT is refused before any rank starts.
+    tcp.setting()
+    tcp.notsent_setting()
 
     if launch.launched_externally():
         world = launch.external_world_size()

@@ -103,6 +103,7 @@ def machine_info(backend: str | None = None) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "gpus": _gpus(),
         "tcp_congestion_control": tcp.summary(),
+        "tcp_notsent_lowat": tcp.notsent_summary(),
         "commit": commit,
         "commit_modified": modified,
         "command": _command(),
