@@ -317,9 +317,15 @@ def _local_ccs(skip_port: int | None = None) -> list[str]:
 
 
 def _congestion(case: dict[str, Any]) -> dict[str, Any]:
-    """Local connections after the launch; then, with ``force``, every one set to ``force`` by
-    hand before a fresh group's first collective, and after it."""
-    result: dict[str, Any] = {"after_launch": _local_ccs(case["store_port"])}
+    """Local connections after the launch (congestion control, and limit on unsent bytes); then,
+    with ``force``, every one set to ``force`` by hand before a fresh group's first collective,
+    and after it."""
+    result: dict[str, Any] = {
+        "after_launch": _local_ccs(case["store_port"]),
+        "notsent_after_launch": [
+            tcp.notsent_lowat(s) for s in tcp.local_connections() if s.getpeername()[1] != case["store_port"]
+        ],
+    }
     if case.get("force"):
         group = dist.new_group()
         for sock in tcp.local_connections():

@@ -200,6 +200,7 @@ def test_no_local_connection_of_a_rank_paces(worlds):
     for rank_result in world.run(("congestion", {"store_port": world.store.port})):
         assert rank_result["after_launch"], "a rank of three has connections to its peers"
         assert not any(tcp.paces(name) for name in rank_result["after_launch"]), rank_result
+        assert set(rank_result["notsent_after_launch"]) == {tcp.NOTSENT_AUTO_BYTES}, rank_result
 
 
 def test_a_new_groups_paced_connections_are_switched_before_its_first_collective(worlds):

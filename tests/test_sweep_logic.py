@@ -7,7 +7,7 @@ import torch
 
 from commbench.bench.collectives import count_wrong, pattern, poison, reduced_pattern
 from commbench.bench.sweep import LIMIT, SweepConfig, sizes, stats_us
-from commbench.bench.units import format_size, parse_size
+from commbench.units import format_size, parse_size
 
 
 @pytest.mark.parametrize(

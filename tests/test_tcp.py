@@ -103,27 +103,31 @@ def test_keep_leaves_them_and_a_name_sets_every_one(connection):
 
 
 def test_the_unsent_bytes_setting_is_auto_keep_or_a_size():
-    assert tcp.notsent_setting({}) == tcp.notsent_setting({tcp.NOTSENT_ENV: "auto"}) == tcp.NOTSENT_AUTO
+    assert tcp.notsent_setting({}) == tcp.notsent_setting({tcp.NOTSENT_ENV: "auto"}) == tcp.NOTSENT_AUTO_BYTES
     assert tcp.notsent_setting({tcp.NOTSENT_ENV: " keep "}) is None
     assert tcp.notsent_setting({tcp.NOTSENT_ENV: "64K"}) == 65536
     assert tcp.notsent_setting({tcp.NOTSENT_ENV: "1000"}) == 1000
-    for bad in ("0", "-1", "lots", "1.5M"):
+    assert tcp.notsent_setting({tcp.NOTSENT_ENV: "2147483647"}) == (1 << 31) - 1
+    for bad in ("0", "-1", "lots", "1.5M", "2G"):
         with pytest.raises(ValueError, match=r"LOOPBACK_NOTSENT=.* is not auto, keep or a size") as info:
             tcp.notsent_setting({tcp.NOTSENT_ENV: bad})
         assert "\n" not in str(info.value)
 
 
 def test_the_summary_names_the_unsent_bytes_local_connections_hold(monkeypatch):
+    monkeypatch.setattr(tcp, "CAN_LIMIT_NOTSENT", True)
     monkeypatch.setattr(tcp, "_read", lambda name: "4294967295" if name == "tcp_notsent_lowat" else "")
-    assert tcp.notsent_summary({}) == {"system": 4294967295, "local_connections": tcp.NOTSENT_AUTO}
+    assert tcp.notsent_summary({}) == {"system": 4294967295, "local_connections": tcp.NOTSENT_AUTO_BYTES}
     unlimited = {"system": 4294967295, "local_connections": 4294967295}
     assert tcp.notsent_summary({tcp.NOTSENT_ENV: "keep"}) == unlimited
     assert tcp.notsent_summary({tcp.NOTSENT_ENV: "1M"})["local_connections"] == 1 << 20
     monkeypatch.setattr(tcp, "_read", lambda name: "")
     assert tcp.notsent_summary({tcp.NOTSENT_ENV: "keep"}) == {"system": None, "local_connections": None}
+    monkeypatch.setattr(tcp, "CAN_LIMIT_NOTSENT", False)  # nothing is applied, so nothing is claimed
+    assert tcp.notsent_summary({}) == {"system": None, "local_connections": None}
 
 
-@pytest.mark.skipif(tcp._TCP_NOTSENT_LOWAT is None, reason="this platform has no TCP_NOTSENT_LOWAT to set")
+@pytest.mark.skipif(not tcp.CAN_LIMIT_NOTSENT, reason="this platform cannot list and limit connections")
 def test_local_connections_get_the_limit_on_unsent_bytes_once(connection):
     client, accepted, server = connection
     kernel = tcp.notsent_lowat(client)
@@ -131,7 +135,7 @@ def test_local_connections_get_the_limit_on_unsent_bytes_once(connection):
     assert tcp.notsent_lowat(client) == kernel
     changed = tcp.tune_local_connections({tcp.CC_ENV: "keep"})
     assert changed.get(tcp.NOTSENT, 0) >= 2 and set(changed) == {tcp.NOTSENT}
-    assert tcp.notsent_lowat(client) == tcp.notsent_lowat(accepted) == tcp.NOTSENT_AUTO != kernel
+    assert tcp.notsent_lowat(client) == tcp.notsent_lowat(accepted) == tcp.NOTSENT_AUTO_BYTES != kernel
     assert tcp.tune_local_connections({tcp.CC_ENV: "keep"}) == {}  # each has it already
     tcp.tune_local_connections({tcp.CC_ENV: "keep", tcp.NOTSENT_ENV: "64K"})
     assert tcp.notsent_lowat(client) == tcp.notsent_lowat(accepted) == 65536

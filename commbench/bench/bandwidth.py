@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from commbench.bench.records import output_path
-from commbench.bench.units import format_size, parse_size
 from commbench.kernels.copy import D2H_PINNED, H2D_PINNED, OVER_PCIE, CopyResult, each_copy
 from commbench.probes.links import ImpossibleReading, check_rate, pcie_max_gbps
+from commbench.units import format_size, parse_size
 
 # A PCIe TLP with 128-256 bytes of payload carries about 24 bytes of header, sequence number, CRC
 # and framing, so pinned copies reach 84-91% of the encoded link rate; 85% is what to expect.

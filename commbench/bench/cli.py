@@ -33,7 +33,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _size(text: str) -> int:
-    from commbench.bench.units import parse_size
+    from commbench.units import parse_size
 
     try:
         return parse_size(text)

@@ -124,7 +124,7 @@ def add_parser(sub: Any) -> None:
 
 def config_from_args(args: argparse.Namespace) -> ClusterConfig:
     """The ClusterConfig the command line asks for (ValueError names a bad value)."""
-    from commbench.bench.units import parse_size
+    from commbench.units import parse_size
 
     inner = list(args.inner)
     if inner and inner[0] == "--":

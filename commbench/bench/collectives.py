@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from commbench import comm
-from commbench.bench.units import parse_size
 from commbench.comm import p2p, pipeline, ring
 from commbench.comm.chunking import num_segments, split
 from commbench.comm.costmodel import bus_factor
 from commbench.comm.pipeline import Unit
+from commbench.units import parse_size
 
 
 @dataclass

@@ -14,10 +14,10 @@ changes this: ``keep`` leaves every connection as the system made it (for compar
 name of an available algorithm (``cubic``, ``bbr``, ...) sets it on every local connection.
 
 The same local connections also get a limit on the bytes a socket holds that have not been sent
-yet (``TCP_NOTSENT_LOWAT``, :data:`NOTSENT_AUTO`): gloo writes without blocking, and a socket
+yet (``TCP_NOTSENT_LOWAT``, :data:`NOTSENT_AUTO_BYTES`): gloo writes without blocking, and a socket
 that takes no more than this leaves the rest of a message in gloo's buffer until the kernel has
-sent what it holds. On the 2-core VM, 4-rank 64 MiB allreduces had fewer spurious TCP
-retransmissions with it and the ring fell behind builtin less often (docs/PERFORMANCE.md,
+sent what it holds. On the 2-core VM, 4-rank sweeps from 1 to 64 MiB retransmitted fewer TCP
+segments with it, and the ring fell behind builtin less often at 32 and 64 MiB (docs/PERFORMANCE.md,
 "Unsent bytes on local connections"). ``$COMMBENCH_LOOPBACK_NOTSENT`` changes this: ``keep``
 leaves the kernel's limit (none, unless set system-wide), and a size (``64K``, ``1M``) sets that.
 """
@@ -27,8 +27,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-import sys
 from collections.abc import Iterator
+
+from commbench.units import parse_size
 
 CC_ENV = "COMMBENCH_LOOPBACK_CC"
 AUTO, KEEP = "auto", "keep"
@@ -37,10 +38,11 @@ PACING = ("bbr",)  # name prefixes of congestion controls that pace (bbr, bbr2, 
 _PROC = "/proc/sys/net/ipv4"
 
 NOTSENT_ENV = "COMMBENCH_LOOPBACK_NOTSENT"
-NOTSENT_AUTO = 256 << 10
+NOTSENT_AUTO_BYTES = 256 << 10
+NOTSENT_MAX_BYTES = (1 << 31) - 1  # the option is a C int
 NOTSENT = "notsent_lowat"  # the key counting connections given the limit (tune_local_connections)
-# The option's number on Linux, where Python's socket module does not name it.
-_TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25 if sys.platform.startswith("linux") else None)
+# Connections are found through /proc/self/fd (Linux), and the option is Linux's and macOS's.
+CAN_LIMIT_NOTSENT = hasattr(socket, "TCP_NOTSENT_LOWAT") and os.path.isdir("/proc/self/fd")
 
 
 def _read(name: str) -> str:
@@ -85,24 +87,24 @@ def setting(environ: dict[str, str] | None = None) -> str:
 
 def notsent_setting(environ: dict[str, str] | None = None) -> int | None:
     """``$COMMBENCH_LOOPBACK_NOTSENT``, checked: the unsent bytes a local connection may hold
-    (:data:`NOTSENT_AUTO` when unset or ``auto``), or None for ``keep``.
+    (:data:`NOTSENT_AUTO_BYTES` when unset or ``auto``), or None for ``keep``.
 
     Raises:
-        ValueError: neither ``auto``, ``keep`` nor a size of at least one byte (one line).
+        ValueError: neither ``auto``, ``keep`` nor a size from one byte to 2 GiB - 1 (one line).
     """
-    from commbench.bench.units import parse_size
-
     value = (os.environ if environ is None else environ).get(NOTSENT_ENV, "").strip() or AUTO
     if value == AUTO:
-        return NOTSENT_AUTO
+        return NOTSENT_AUTO_BYTES
     if value == KEEP:
         return None
     try:
         size = parse_size(value)
     except ValueError:
         size = 0
-    if size < 1:
-        raise ValueError(f"${NOTSENT_ENV}={value!r} is not {AUTO}, {KEEP} or a size in bytes (e.g. 256K, 1M)")
+    if not 1 <= size <= NOTSENT_MAX_BYTES:
+        raise ValueError(
+            f"${NOTSENT_ENV}={value!r} is not {AUTO}, {KEEP} or a size in bytes under 2G (e.g. 256K, 1M)"
+        )
     return size
 
 
@@ -134,7 +136,7 @@ def notsent_summary(environ: dict[str, str] | None = None) -> dict[str, int | No
         chosen = notsent_setting(environ)
     except ValueError:
         chosen = None
-    if _TCP_NOTSENT_LOWAT is None:
+    if not CAN_LIMIT_NOTSENT:
         chosen = None
     return {"system": default, "local_connections": default if chosen is None else chosen}
 
@@ -200,7 +202,18 @@ def local_connections() -> Iterator[socket.socket]:
 
 
 def notsent_lowat(sock: socket.socket) -> int:
-    return sock.getsockopt(socket.IPPROTO_TCP, _TCP_NOTSENT_LOWAT)
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)
+
+
+def _limit_notsent(sock: socket.socket, lowat: int) -> bool:
+    """Give ``sock`` the limit on unsent bytes; whether it changed (False: it had it, or is closed)."""
+    try:
+        if notsent_lowat(sock) == lowat:
+            return False
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, lowat)
+    except OSError:
+        return False
+    return True
 
 
 def tune_local_connections(environ: dict[str, str] | None = None) -> dict[str, int]:
@@ -208,17 +221,16 @@ def tune_local_connections(environ: dict[str, str] | None = None) -> dict[str, i
     connections were changed, by the congestion control each now uses and, under
     :data:`NOTSENT`, how many got the limit on unsent bytes. Idempotent."""
     chosen = setting(environ)
-    lowat = notsent_setting(environ) if _TCP_NOTSENT_LOWAT is not None else None
+    lowat = notsent_setting(environ) if CAN_LIMIT_NOTSENT else None
     changed: dict[str, int] = {}
     if chosen == KEEP or not hasattr(socket, "TCP_CONGESTION"):
         chosen = None
     if chosen is None and lowat is None:
         return changed
     for sock in local_connections():
+        if lowat is not None and _limit_notsent(sock, lowat):
+            changed[NOTSENT] = changed.get(NOTSENT, 0) + 1
         try:
-            if lowat is not None and notsent_lowat(sock) != lowat:
-                sock.setsockopt(socket.IPPROTO_TCP, _TCP_NOTSENT_LOWAT, lowat)
-                changed[NOTSENT] = changed.get(NOTSENT, 0) + 1
             new = None if chosen is None else local_choice(congestion_control(sock), chosen)
         except OSError:  # closed meanwhile
             continue
