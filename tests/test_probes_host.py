@@ -48,6 +48,50 @@ def test_loopback_counters_rise_by_at_least_what_was_sent():
     assert delta.tx_packets >= PAYLOAD // 65536
 
 
+def test_read_nic_ignores_psutil_wrap_cache():
+    """psutil's nowrap cache, left as a race between two reading threads leaves it (a reading above
+    the next one, taken for a wrap), must not reach our counters."""
+    from psutil._common import wrap_numbers
+
+    raw = psutil.net_io_counters(pernic=True, nowrap=False)
+    inflated = {nic: type(c)(*(2 * v + (1 << 40) for v in c)) for nic, c in raw.items()}
+    wrap_numbers(inflated, "psutil.net_io_counters")  # the late, larger reading
+    try:
+        assert psutil.net_io_counters(pernic=True)["lo"].bytes_sent > 1 << 40  # psutil now adds it
+        ours = host.read_nic("lo")
+        after = psutil.net_io_counters(pernic=True, nowrap=False)["lo"]
+        assert raw["lo"].bytes_sent <= ours.tx_bytes <= after.bytes_sent
+        assert raw["lo"].packets_recv <= ours.rx_packets <= after.packets_recv
+    finally:
+        psutil.net_io_counters.cache_clear()
+
+
+def test_read_nic_from_two_threads_under_traffic():
+    """A sampler thread and a wire count read the same counters at once: no reading may run ahead
+    of the kernel's counter read just after it."""
+    stop = threading.Event()
+    ahead: list[tuple[int, int]] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            mine = host.read_nic("lo").tx_bytes
+            kernel = psutil.net_io_counters(pernic=True, nowrap=False)["lo"].bytes_sent
+            if mine > kernel:
+                ahead.append((mine, kernel))
+
+    threads = [threading.Thread(target=reader, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(8):
+            _send_through_loopback(PAYLOAD)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+    assert not ahead, ahead[:3]
+
+
 def test_loopback_addresses_route_to_lo():
     assert host.nic_for_address("127.0.0.1") == "lo"
     assert host.nic_for_address("127.3.2.1") == "lo"

@@ -115,7 +115,7 @@ def nic_for_address(address: str) -> str:
 
 def _busiest(ifaces: dict[str, list], lo: str) -> str:
     stats = psutil.net_if_stats()
-    counters = psutil.net_io_counters(pernic=True)
+    counters = psutil.net_io_counters(pernic=True, nowrap=False)
     up = [n for n in ifaces if n != lo and n in stats and stats[n].isup and n in counters]
     if not up:
         return lo
@@ -127,7 +127,7 @@ def selected_nic(master_addr: str | None = None) -> str:
     ``$MASTER_ADDR``, else 127.0.0.1). Raises ValueError for an override naming no interface."""
     override = os.environ.get(NIC_ENV, "").strip()
     if override:
-        known = psutil.net_io_counters(pernic=True)
+        known = psutil.net_io_counters(pernic=True, nowrap=False)
         if override not in known:
             raise ValueError(
                 f"{NIC_ENV}={override!r} is not an interface here; known: {', '.join(sorted(known))}"
@@ -137,8 +137,15 @@ def selected_nic(master_addr: str | None = None) -> str:
 
 
 def read_nic(nic: str) -> NicCounters:
-    """The cumulative counters of interface ``nic`` (wraps already undone by psutil)."""
-    counters = psutil.net_io_counters(pernic=True, nowrap=True)
+    """The cumulative counters of interface ``nic``, as the kernel gives them (64 bits on Linux).
+
+    Not through psutil's ``nowrap``: it reads the counters first and takes its lock only to compare
+    them with its last reading, so of two threads reading at once (a probe sampler beside a wire
+    count), the older reading can arrive second, look like a wrap, and add the interface's whole
+    cumulative count to every later reading in the process. A training epoch once measured 426,000
+    times its computed bytes that way.
+    """
+    counters = psutil.net_io_counters(pernic=True, nowrap=False)
     if nic not in counters:
         raise ValueError(f"no network interface {nic!r}; known: {', '.join(sorted(counters))}")
     c = counters[nic]
