@@ -111,11 +111,15 @@ def test_a_rank_names_itself_as_profile_reads_it():
 
 
 def test_two_rank_profile(py_spy, tmp_path):
+    # Start-up (imports) takes most of a rank's samples; 100 small steps per strategy give each rank
+    # some 10-40 samples in communication and 30 or more in compute at 50 Hz. With 15 steps of the
+    # default batch, one rank once had none in one of them.
     out = tmp_path / "prof"
     done = subprocess.run(
         [sys.executable, "-m", "commbench", "profile", "-o", str(out), "--rate", "50", "--no-native", "--",
          "compare", "--world-size", "2", "--strategies", "ring,ddp", "--model", "mlp", "--model-opt",
-         "widths=256,256", "--samples", "4096", "--steps-per-epoch", "15", "--no-eval", "--no-probe", "-q"],
+         "widths=256,256", "--samples", "4096", "--batch-size", "16", "--steps-per-epoch", "100", "--no-eval",
+         "--no-probe", "-q"],
         capture_output=True, text=True, cwd=ROOT, timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
