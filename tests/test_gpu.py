@@ -87,3 +87,43 @@ def test_cuda_sweep(tmp_path, args):
     lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()[1:]]
     records = [r for r in lines if r["type"] == "sweep"]
     assert records and all(r["device"] == "cuda" and r["wrong"] == 0 for r in records)
+
+
+@pytest.mark.parametrize(
+    "args, batch",
+    [(["--strategy", "none"], 300), (["--strategy", "ring", "--world-size", "2", "--backend", "gloo"], 150)],
+    ids=["one-rank", "two-ranks"],
+)
+def test_largest_batch_is_capped_by_the_data(tmp_path, args, batch):
+    """--batch-size 0 on a small dataset: the model fits far more, so the data's share per rank wins."""
+    path = tmp_path / "t.jsonl"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "commbench",
+            "train",
+            "--device",
+            "cuda",
+            "--batch-size",
+            "0",
+            "--model",
+            "mlp",
+            "--model-opt",
+            "widths=32",
+            "--samples",
+            "300",
+            "--no-eval",
+            "-q",
+            "--json",
+            str(path),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    summaries = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "train_summary"]
+    assert summaries and all(s["batch_size"] == batch for s in summaries)

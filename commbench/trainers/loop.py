@@ -509,15 +509,26 @@ def summarise(
     )
 
 
+def _train_set(config: TrainConfig) -> Dataset:
+    from commbench.trainers.data import build_dataset
+
+    return build_dataset(
+        config.dataset,
+        train=True,
+        num_samples=config.samples,
+        replicate=config.replicate,
+        data_dir=config.data_dir,
+        input_shape=config.input_shape(),
+        seed=config.seed,
+    )
+
+
 def _loaders(
-    config: TrainConfig, batch_size: int, world: int, rank: int
-) -> tuple[Dataset, DataLoader, DataLoader | None, DistributedSampler]:
+    config: TrainConfig, train: Dataset, batch_size: int, world: int, rank: int
+) -> tuple[DataLoader, DataLoader | None, DistributedSampler]:
     from commbench.trainers.data import build_dataset
 
     common = dict(data_dir=config.data_dir, input_shape=config.input_shape(), seed=config.seed)
-    train = build_dataset(
-        config.dataset, train=True, num_samples=config.samples, replicate=config.replicate, **common
-    )
     sampler = DistributedSampler(
         train, num_replicas=world, rank=rank, shuffle=True, seed=config.seed, drop_last=True
     )
@@ -528,14 +539,29 @@ def _loaders(
         test = build_dataset(config.dataset, train=False, **common)
         shard = Subset(test, range(rank, len(test), world))
         test_loader = DataLoader(shard, batch_size=batch_size)
-    return train, train_loader, test_loader, sampler
+    return train_loader, test_loader, sampler
+
+
+def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
+    """The largest batch in 1..``limit`` for which ``fits`` holds, assuming that every smaller batch
+    fits too: doubling from 1, then bisection. 0 when not even batch 1 fits (or ``limit`` < 1)."""
+    lo, hi = 0, 1
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    if lo == 0:
+        return 0
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def find_max_batch(
     config: TrainConfig, input_shape: tuple[int, ...], device: torch.device, limit: int = 1 << 16
 ) -> int:
-    """The largest batch (a power of two, then refined by bisection) whose training step fits in
-    GPU memory, found by trying steps until CUDA runs out of memory."""
+    """The largest batch, at most ``limit``, whose training step fits in GPU memory, found by trying
+    steps until CUDA runs out of memory (:func:`largest_fitting`)."""
     from commbench.trainers.models import build_model
 
     if device.type != "cuda":
@@ -556,16 +582,25 @@ def find_max_batch(
             model.zero_grad(set_to_none=True)
             torch.cuda.empty_cache()
 
-    lo, hi = 0, 1
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    if lo == 0:
+    found = largest_fitting(fits, limit)
+    if found == 0:
         raise ValueError(f"model {config.model} does not fit on the GPU even with batch 1")
-    hi = min(hi, limit + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return found
+
+
+def _batch_size(config: TrainConfig, samples: int, device: torch.device, world: int) -> int:
+    """The configured per-rank batch; for 0, the largest that fits in memory and in this rank's
+    share of the data, agreed on by every rank (the smallest of their findings)."""
+    if config.batch_size:
+        return config.batch_size
+    if samples // world == 0:
+        raise ValueError(f"{samples} samples do not make one batch on each of {world} ranks")
+    found = find_max_batch(config, config.input_shape(), device, limit=samples // world)
+    if world > 1:
+        agreed = torch.tensor([found], dtype=torch.int64, device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        found = int(agreed.item())
+    return found
 
 
 def run_rank(
@@ -587,8 +622,9 @@ def run_rank(
         if s in sync_mod.SINGLE_PROCESS and world > 1:
             raise ValueError(f"strategy {s} runs in one process; it cannot run with {world} ranks")
     shape = config.input_shape()
-    batch = config.batch_size or find_max_batch(config, shape, device)
-    train, loader, test_loader, sampler = _loaders(config, batch, world, rank)
+    train = _train_set(config)
+    batch = _batch_size(config, len(train), device, world)
+    loader, test_loader, sampler = _loaders(config, train, batch, world, rank)
     steps = len(loader) if config.steps_per_epoch is None else min(len(loader), config.steps_per_epoch)
     if steps == 0:
         raise ValueError(f"{len(train)} samples do not make one batch of {batch} on each of {world} ranks")
