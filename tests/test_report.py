@@ -103,6 +103,7 @@ def test_baseline_shows_ratios(recorded, tmp_path):
         ("not json\n", "is not JSON Lines"),
         ('{"type": "header"}\n', "holds no commbench records"),
         ('{"type": "sweep", "collective": "all_reduce"}\n', "not written by commbench"),
+        ('{"type": "bandwidth", "name": "host->host"}\n', "not written by commbench"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, content, needle):
@@ -112,3 +113,14 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, content, needle):
     assert main(["report", str(path), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
+
+
+def test_bandwidth_records_make_a_copy_table(tmp_path):
+    path = tmp_path / "bw.jsonl"
+    assert main(["bandwidth", "--size", "1M", "--iters", "2", "--json", str(path)]) == 0
+    (rec,) = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "bandwidth"]
+    out = tmp_path / "rep"
+    assert main(["report", str(path), "-o", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "### Copy bandwidth (cpu)" in md
+    assert f"| host->host | 1M | {rec['time_s'] * 1e6:.1f} | {rec['gbps']:.2f} | n/a | n/a | - |" in md

@@ -156,6 +156,7 @@ class Run:
     summaries: tuple[dict[str, Any], ...]
     probes: tuple[dict[str, Any], ...]
     clusters: tuple[dict[str, Any], ...]
+    bandwidths: tuple[dict[str, Any], ...] = ()
 
 
 def load_run(path: str | Path, label: str | None = None) -> Run:
@@ -181,13 +182,14 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     by: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         by.setdefault(str(r.get("type")), []).append(r)
-    known = ("sweep", "epoch", "train_summary", "probe", "cluster")
+    known = ("sweep", "epoch", "train_summary", "probe", "cluster", "bandwidth")
     if not any(by.get(k) for k in known):
-        raise ValueError(f"{p} holds no commbench records (sweep, epoch, train_summary or probe)")
+        raise ValueError(f"{p} holds no commbench records (sweep, epoch, train_summary, probe or bandwidth)")
     for kind, keys in (
         ("sweep", ("collective", "algorithm", "size_bytes", "busbw_gbps")),
         ("train_summary", ("strategy", "world_size", "step_time_ms", "images_per_s")),
         ("epoch", ("strategy", "epoch", "step_losses")),
+        ("bandwidth", ("name", "size_bytes", "time_s", "gbps")),
     ):
         for r in by.get(kind, []):
             missing = next((k for k in keys if k not in r), None)
@@ -203,6 +205,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         summaries=tuple(by.get("train_summary", [])),
         probes=tuple(by.get("probe", [])),
         clusters=tuple(by.get("cluster", [])),
+        bandwidths=tuple(by.get("bandwidth", [])),
     )
 
 
@@ -576,6 +579,31 @@ def probe_section(run: Run, plots: _Plots) -> list[Block]:
     return blocks
 
 
+def bandwidth_section(run: Run) -> list[Block]:
+    """``commbench bandwidth``'s copies: measured against expected and the link's limit."""
+    if not run.bandwidths:
+        return []
+    rows = [
+        [
+            r["name"],
+            _size(r["size_bytes"]),
+            fmt(r["time_s"] * 1e6, ".1f"),
+            fmt(r["gbps"], ".2f"),
+            fmt(r.get("expected_gbps"), ".2f") if r.get("expected_gbps") is not None else "n/a",
+            fmt(r.get("limit_gbps"), ".2f") if r.get("limit_gbps") is not None else "n/a",
+            pct(r["gbps"] / r["limit_gbps"]) if r.get("limit_gbps") else "-",
+        ]
+        for r in run.bandwidths
+    ]
+    sources = sorted({r["limit_source"] for r in run.bandwidths if r.get("limit_source")})
+    devices = sorted({str(r.get("device", "?")) for r in run.bandwidths})
+    return [
+        Heading(text=f"Copy bandwidth ({', '.join(devices)})", level=3),
+        table(["copy", "size", "time (us)", "GB/s", "expected GB/s", "limit GB/s", "of limit"], rows),
+        *([Para(text="; ".join(sources))] if sources else []),
+    ]
+
+
 def run_sections(run: Run, plots: _Plots) -> list[Block]:
     """Everything one results file holds."""
     command = run.header.get("command")
@@ -584,6 +612,7 @@ def run_sections(run: Run, plots: _Plots) -> list[Block]:
     if command:
         blocks.append(Code(text=command))
     blocks += sweep_section(run, plots)
+    blocks += bandwidth_section(run)
     blocks += training_section(run, plots)
     blocks += wire_section(run)
     blocks += probe_section(run, plots)
@@ -771,12 +800,15 @@ def add_parser(sub: Any) -> None:
     """Register ``commbench report`` on the CLI's subparsers."""
     p = sub.add_parser(
         "report",
-        help="Markdown and HTML report from sweep/train/compare JSON Lines",
+        help="Markdown and HTML report from sweep/train/compare/bandwidth JSON Lines",
         description="Write DIR/report.md and DIR/report.html (self-contained page, PNGs beside it): machine "
         "information, sweep tables and busbw plots with the limit, training comparisons, probe timelines, "
-        "computed-versus-measured bytes (per host where recorded); --baseline adds ratios to other runs.",
+        "computed-versus-measured bytes (per host where recorded), copy bandwidths; --baseline adds ratios "
+        "to other runs.",
     )
-    p.add_argument("files", nargs="+", help="JSON Lines written by commbench sweep, train or compare --json")
+    p.add_argument(
+        "files", nargs="+", help="JSON Lines written by commbench sweep, train, compare or bandwidth --json"
+    )
     p.add_argument(
         "-o",
         "--output",
