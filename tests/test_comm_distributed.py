@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from commbench.comm import ALGORITHMS, resolve, tcp
+from commbench.comm import ALGORITHMS, STAGE_WHOLE_FROM_BYTES, resolve, staged_whole, tcp
 from commbench.comm.costmodel import cost
 from commbench.comm.ops import DTYPES, OPS
 
@@ -247,3 +248,13 @@ def test_scratch_memory_is_what_the_cost_model_says(worlds, world_size):
         collective, algorithm, count = key.split("/")
         model = scratch_bytes(collective, algorithm, world_size, int(count), 4, root=root)
         assert tuple(held[key] for held in per_rank) == model, key
+
+
+def test_only_large_hand_written_calls_on_gloo_with_cuda_tensors_run_on_host_copies():
+    """No CUDA needed: the choice is made from the device's type, the backend and the size alone."""
+    cuda, cpu, big = torch.device("cuda", 0), torch.device("cpu"), STAGE_WHOLE_FROM_BYTES
+    assert staged_whole(cuda, "ring", "gloo", big) and staged_whole(cuda, "naive", "gloo", 4 * big)
+    assert not staged_whole(cuda, "ring", "gloo", big - 1)  # p2p stages each message instead
+    assert not staged_whole(cuda, "builtin", "gloo", 4 * big)  # gloo stages its own
+    assert not staged_whole(cuda, "ring", "nccl", 4 * big)
+    assert not staged_whole(cpu, "ring", "gloo", 4 * big)

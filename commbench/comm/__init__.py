@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from commbench.comm import builtin, naive, p2p, recursive, ring, tree, tuning
 from commbench.comm.ops import DTYPES, OPS, check_op, dtype_name
-from commbench.comm.workspace import Workspace
+from commbench.comm.workspace import Workspace, scratch
 
 # The registry: adding an algorithm is one module and one line here.
 _IMPLS: dict[str, dict[str, Callable[..., None]]] = {
@@ -225,13 +225,53 @@ def _prepare(
     if error is not None:
         raise error
 
+    staged = staged_whole(device, resolved, dist.get_backend(group), size_bytes)
+
     def run(*args, **kwargs) -> None:
         if segment_bytes is not None and resolved in SEGMENTED:
             kwargs["segment_bytes"] = segment_bytes
         with torch.no_grad():
-            impl(*args, **kwargs)
+            if staged:
+                _on_host(collective, impl, args, kwargs)
+            else:
+                impl(*args, **kwargs)
 
     return run
+
+
+WRITE_ONLY_OUTPUT = ("reduce_scatter", "all_gather")  # their first tensor is written, never read
+# From this message size on, a hand-written algorithm on gloo with CUDA tensors runs wholly on host
+# copies (:func:`_on_host`); below it, p2p stages each message and the reductions stay on the GPU.
+# Each way was measured the faster on its side of this line (docs/PERFORMANCE.md, "On a GPU").
+STAGE_WHOLE_FROM_BYTES = 32 << 20
+
+
+def staged_whole(device: torch.device, resolved: str, backend: str, size_bytes: int) -> bool:
+    """Whether a call runs on page-locked host copies of its tensors (:data:`STAGE_WHOLE_FROM_BYTES`)."""
+    return (
+        device.type == "cuda"
+        and backend == "gloo"
+        and resolved != "builtin"
+        and size_bytes >= STAGE_WHOLE_FROM_BYTES
+    )
+
+
+def _on_host(collective: str, impl: Callable[..., None], args: tuple, kwargs: dict) -> None:
+    """Run ``impl`` on page-locked host copies of its CUDA tensors, then copy the result (the first
+    tensor) back: gloo moves host memory only, so this is what its own collectives do with CUDA
+    tensors. Staging each message instead (a host copy per segment sent, a page-locked buffer per
+    segment received) cost half of gloo's speed at 64 MiB on two ranks; below 16 MiB it was the
+    faster way (docs/PERFORMANCE.md, "On a GPU").
+    """
+    workspace = kwargs.get("workspace")
+    host = list(args)
+    where = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    for n, i in enumerate(where):
+        host[i] = scratch(workspace, f"staged{n}", tuple(args[i].shape), args[i], pinned=True)
+        if n > 0 or collective not in WRITE_ONLY_OUTPUT:
+            host[i].copy_(args[i])
+    impl(*host, **kwargs)
+    args[where[0]].copy_(host[where[0]])
 
 
 def all_reduce(

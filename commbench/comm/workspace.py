@@ -25,16 +25,21 @@ class Workspace:
     """Named scratch buffers that grow on demand and are reused across calls."""
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+        self._buffers: dict[tuple[str, torch.dtype, torch.device, bool], torch.Tensor] = {}
         self._plans: dict[Hashable, object] = {}
 
-    def get(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        """A tensor of ``shape`` with ``like``'s dtype and device; contents are undefined."""
+    def get(
+        self, name: str, shape: tuple[int, ...], like: torch.Tensor, *, pinned: bool = False
+    ) -> torch.Tensor:
+        """A tensor of ``shape`` with ``like``'s dtype and device; contents are undefined. With
+        ``pinned``, page-locked host memory instead, wherever ``like`` lives (for CUDA staging)."""
         numel = math.prod(shape)
-        key = (name, like.dtype, like.device)
+        device = torch.device("cpu") if pinned else like.device
+        key = (name, like.dtype, device, pinned)
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < numel:
-            buf = torch.zeros(numel, dtype=like.dtype, device=like.device)  # touch pages now
+            # zeros, not empty: touch the pages now
+            buf = torch.zeros(numel, dtype=like.dtype, device=device, pin_memory=pinned)
             self._buffers[key] = buf
         return buf[:numel].view(shape)
 
@@ -52,12 +57,20 @@ class Workspace:
 
 
 def scratch(
-    workspace: Workspace | None, name: str, shape: tuple[int, ...], like: torch.Tensor
+    workspace: Workspace | None,
+    name: str,
+    shape: tuple[int, ...],
+    like: torch.Tensor,
+    *,
+    pinned: bool = False,
 ) -> torch.Tensor:
-    """Scratch from ``workspace`` when given, else a fresh uninitialised tensor."""
+    """Scratch from ``workspace`` when given, else a fresh uninitialised tensor (page-locked host
+    memory with ``pinned``)."""
     if workspace is None:
+        if pinned:
+            return torch.empty(shape, dtype=like.dtype, pin_memory=True)
         return like.new_empty(shape)
-    return workspace.get(name, shape, like)
+    return workspace.get(name, shape, like, pinned=pinned)
 
 
 def plan(workspace: Workspace | None, key: Hashable, build: Callable[[], T]) -> T:
