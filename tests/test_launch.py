@@ -178,6 +178,20 @@ def test_the_fork_servers_imports_leave_cuda_alone():
     assert done.stdout.split("\n")[0] == "[] False"
 
 
+def test_a_launch_from_a_process_with_sigchld_blocked_starts_its_ranks():
+    """A blocked SIGCHLD, inherited from a parent, is not passed on to the fork server."""
+    code = (
+        "import signal\n"
+        "from commbench.bench import launch, starter\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})\n"
+        "print(sorted(launch.run(launch.external_world_size, (), launch.LaunchSpec(world_size=2))))\n"
+        "print(signal.SIGCHLD in signal.pthread_sigmask(signal.SIG_BLOCK, []))\n"
+    )
+    done = _python(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["[0, 1]", "True"]  # and the caller's mask is as it was
+
+
 LATE_ENVIRONMENT = """
 import os, torch
 from commbench.bench import launch, starter

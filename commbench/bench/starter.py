@@ -121,7 +121,7 @@ def start() -> None:
     # Ignored from their start: Ctrl-C in the server until it has imported commbench.bench.rankhost;
     # a closed terminal's SIGHUP in multiprocessing's resource tracker, which the server's start
     # starts too and which, killed by it, was relaunched and printed a traceback per semaphore.
-    with _ignored((signal.SIGINT, signal.SIGHUP)):
+    with _ignored((signal.SIGINT, signal.SIGHUP)), _delivered(signal.SIGCHLD):
         forkserver.ensure_running()
 
 
@@ -205,6 +205,18 @@ def _ignored(signums: tuple[int, ...]) -> Iterator[None]:
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def _delivered(signum: int) -> Iterator[None]:
+    """``signum`` unblocked for this thread in the block, so that processes started in it begin
+    with it unblocked. The server learns that a child ended from SIGCHLD: started with it blocked
+    (a parent's mask is inherited), it never answered the readiness probe."""
+    old = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def name_rank(rank: str) -> None:
