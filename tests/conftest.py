@@ -39,6 +39,18 @@ def worlds():
         yield get
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_process_group_left():
+    """A module that leaves a default process group in the pytest process makes every later test
+    that starts one fail with "initialize the default process group twice": fail the module instead."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail("this module left a default process group in the pytest process")
+
+
 def pytest_collection_modifyitems(config, items):
     """GPU tests run only where CUDA is present; elsewhere they are skipped with the reason."""
     import torch

@@ -18,8 +18,10 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     machine_info["commbench"]["world_size"] = WORLD
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def bench_world():
+    """The pytest process joins as rank 0; the group ends with the module, as the default group of
+    a process must before a later module's tests start their own."""
     world = BenchWorld(WORLD)
     yield world
     world.close()
