@@ -589,8 +589,7 @@ def bandwidth_section(run: Run) -> list[Block]:
             _size(r["size_bytes"]),
             fmt(r["time_s"] * 1e6, ".1f"),
             fmt(r["gbps"], ".2f"),
-            fmt(r.get("expected_gbps"), ".2f") if r.get("expected_gbps") is not None else "n/a",
-            fmt(r.get("limit_gbps"), ".2f") if r.get("limit_gbps") is not None else "n/a",
+            *("n/a" if r.get(k) is None else fmt(r[k], ".2f") for k in ("expected_gbps", "limit_gbps")),
             pct(r["gbps"] / r["limit_gbps"]) if r.get("limit_gbps") else "-",
         ]
         for r in run.bandwidths

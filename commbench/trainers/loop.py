@@ -509,26 +509,24 @@ def summarise(
     )
 
 
-def _train_set(config: TrainConfig) -> Dataset:
+def _dataset(config: TrainConfig, train: bool) -> Dataset:
+    """The training set (``config.samples``, replicated as configured) or the test set."""
     from commbench.trainers.data import build_dataset
 
+    sized = dict(num_samples=config.samples, replicate=config.replicate) if train else {}
     return build_dataset(
         config.dataset,
-        train=True,
-        num_samples=config.samples,
-        replicate=config.replicate,
+        train=train,
         data_dir=config.data_dir,
         input_shape=config.input_shape(),
         seed=config.seed,
+        **sized,
     )
 
 
 def _loaders(
     config: TrainConfig, train: Dataset, batch_size: int, world: int, rank: int
 ) -> tuple[DataLoader, DataLoader | None, DistributedSampler]:
-    from commbench.trainers.data import build_dataset
-
-    common = dict(data_dir=config.data_dir, input_shape=config.input_shape(), seed=config.seed)
     sampler = DistributedSampler(
         train, num_replicas=world, rank=rank, shuffle=True, seed=config.seed, drop_last=True
     )
@@ -536,7 +534,7 @@ def _loaders(
     train_loader = DataLoader(train, batch_size=batch_size, sampler=sampler, drop_last=True)
     test_loader = None
     if config.evaluate:
-        test = build_dataset(config.dataset, train=False, **common)
+        test = _dataset(config, train=False)
         shard = Subset(test, range(rank, len(test), world))
         test_loader = DataLoader(shard, batch_size=batch_size)
     return train_loader, test_loader, sampler
@@ -622,7 +620,7 @@ def run_rank(
         if s in sync_mod.SINGLE_PROCESS and world > 1:
             raise ValueError(f"strategy {s} runs in one process; it cannot run with {world} ranks")
     shape = config.input_shape()
-    train = _train_set(config)
+    train = _dataset(config, train=True)
     batch = _batch_size(config, len(train), device, world)
     loader, test_loader, sampler = _loaders(config, train, batch, world, rank)
     steps = len(loader) if config.steps_per_epoch is None else min(len(loader), config.steps_per_epoch)
