@@ -370,6 +370,42 @@ def test_a_launch_leaves_nothing_in_the_temporary_directory():
     assert agent_dirs() - before == set()
 
 
+def test_a_record_written_while_the_scratch_dir_is_removed_is_removed_too(monkeypatch):
+    """A rank stopped by a signal may write its record while the launcher removes the directory:
+    that once made an interrupted run end "Directory not empty" instead of "interrupted"."""
+    import shutil
+
+    from commbench.bench import launch
+
+    real = shutil.rmtree
+    calls = []
+
+    def rmtree_with_a_late_writer(path, ignore_errors=False):
+        calls.append(path)
+        real(path, ignore_errors=ignore_errors)
+        if len(calls) == 1:  # the record lands after the listing, so the directory stays
+            os.makedirs(path, exist_ok=True)
+            Path(path, "rank1.err").write_text("0.0\tSystemExit: 129")
+
+    monkeypatch.setattr(launch.shutil, "rmtree", rmtree_with_a_late_writer)
+    with launch._scratch_dir() as path:
+        Path(path, "rank0.err").write_text("0.0\tSystemExit: 129")
+    assert not os.path.exists(path)
+    assert len(calls) == 2
+
+
+def test_a_scratch_dir_that_cannot_be_removed_is_left_without_an_error(monkeypatch):
+    from commbench.bench import launch
+
+    monkeypatch.setattr(launch, "SCRATCH_REMOVAL_S", 0.2)
+    monkeypatch.setattr(launch.shutil, "rmtree", lambda path, ignore_errors=False: None)
+    start = time.monotonic()
+    with launch._scratch_dir() as path:
+        pass
+    assert os.path.isdir(path) and time.monotonic() - start < 5
+    os.rmdir(path)
+
+
 def test_the_fork_servers_hook_is_silent_only_when_the_launcher_went_first(capsys):
     def raised(exc: BaseException) -> tuple:
         try:
