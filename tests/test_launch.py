@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -320,6 +321,77 @@ def test_a_stop_while_a_rank_connects_its_second_group_ends_it_at_once(tmp_path)
         proc.kill()
     assert err.strip() == f"interrupted {int(signal.SIGTERM)}", err[-2000:]
     assert took < 15, took
+
+
+SLOW_TO_LEAVE = """
+import sys, time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from commbench.bench import launch
+
+LEAVE_S = 1.5
+
+
+def stay():
+    here = Path(sys.argv[1])
+    rank = dist.get_rank()
+    (here / f"rank{rank}.ready").write_text("")
+    try:
+        while True:
+            time.sleep(0.02)  # in Python, so the rank's stop handler runs here
+    except SystemExit:
+        time.sleep(LEAVE_S)  # a rank that takes a while to leave (flushing what it finished)
+        (here / f"rank{rank}.left").write_text("")
+        raise
+
+
+if __name__ == "__main__":
+    try:
+        launch.run(stay, (), launch.LaunchSpec(world_size=2, timeout_s=60))
+    except launch.Interrupted as exc:
+        print("interrupted", exc.signum, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT], ids=["hup", "term", "int"])
+def test_a_stop_sent_to_the_whole_group_ends_the_launcher_after_its_ranks(tmp_path, sig):
+    """A closed terminal (SIGHUP), or a SIGTERM to the process group, reaches the fork server as well.
+    When it ended the server, the agent took each rank's lost status pipe for the rank's end: the
+    launcher returned and removed its scratch directory while the ranks were still leaving and
+    writing their records there (once "Directory not empty" in make test). The server holds these
+    signals blocked, so the agent sees the ranks' real ends."""
+    script = tmp_path / "slow_to_leave.py"
+    script.write_text(SLOW_TO_LEAVE)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    err_path = tmp_path / "stderr"
+    # To a file, not a pipe: the ranks inherit the launcher's standard error, and reading a pipe
+    # to its end would wait for them as well as for the launcher.
+    with err_path.open("w") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path)],
+            cwd=tmp_path,
+            env=env,
+            stderr=err_file,
+            start_new_session=True,
+        )
+    ready = [tmp_path / f"rank{r}.ready" for r in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while not all(p.exists() for p in ready) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(p.exists() for p in ready), "the ranks never started"
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=60)
+        left = sorted(p.name for p in tmp_path.glob("rank*.left"))  # read the moment the launcher is gone
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = err_path.read_text()
+    assert err.strip() == f"interrupted {int(sig)}", err[-2000:]
+    assert left == ["rank0.left", "rank1.left"]
 
 
 def test_stop_signals_after_the_first_are_swallowed_by_a_python_handler():

@@ -282,11 +282,13 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
 @contextlib.contextmanager
 def _scratch_dir() -> Iterator[str]:
     """A temporary directory for the ranks' error records and the agent's logs, removed on the way
-    out. Once, in a run interrupted during `make test`, a file appeared in it while it
-    was being removed: the removal failed with "Directory not empty", and that replaced the run's
-    "interrupted". The writer was not found (most likely a rank still leaving; some 60 interrupted runs
-    here did not repeat it). So removal is tried again for up to :data:`SCRATCH_REMOVAL_S`, and a
-    tree that cannot be removed is left rather than reported as the run's failure."""
+    out. Once, in a run stopped by a closed terminal during `make test`, a rank wrote its record
+    into it while it was being removed: the removal failed with "Directory not empty", and that
+    replaced the run's "interrupted". The cause was the fork server ending on the terminal's
+    SIGHUP, so that the launcher stopped waiting for its ranks (commbench.bench.rankgate has the
+    fix). As a safeguard, removal is still tried again for up to :data:`SCRATCH_REMOVAL_S`, and a
+    tree that cannot be removed is left rather than reported as the run's failure: a leftover
+    directory costs less than a lost "interrupted" or result."""
     path = tempfile.mkdtemp(prefix="commbench-")
     try:
         yield path

@@ -7,7 +7,8 @@ Ctrl-C again on its own and holds it blocked (:mod:`commbench.bench.rankgate`); 
 forks gets the default action set here back, and the signal unblocked, before it installs its
 own handlers (commbench.bench.launch). The server starts with SIGHUP ignored too (for the sake
 of multiprocessing's resource tracker, started beside it); here it gets its default action
-back, for the server and its ranks.
+back, for the server and its ranks. Once the imports are done the server holds SIGHUP and
+SIGTERM blocked as well as Ctrl-C, so that it outlives its ranks (commbench.bench.rankgate).
 
 A rank forked at the moment of a stop may find its launcher gone before it has read its start-up
 data; the error that follows is not printed (:func:`commbench.bench.starter.quiet_if_launcher_gone`).
