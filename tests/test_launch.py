@@ -17,6 +17,8 @@ import torch.distributed as dist
 from commbench.bench import starter
 from commbench.bench.launch import LaunchSpec, RankFailed, run
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def _rank_one_dies() -> None:
     if dist.get_rank() == 1:
@@ -155,10 +157,14 @@ def test_rendezvous_event_names_match_torchs_own_helper():
     assert dynamic_rendezvous.get_method_name is launch._method_name
 
 
+def _with_project_path(*more: Path) -> dict[str, str]:
+    """This process's environment, with the repository (and ``more``) as PYTHONPATH."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (ROOT, *more))}
+
+
 def _python(code: str) -> subprocess.CompletedProcess:
     """``code`` run by a fresh interpreter in the repository's root."""
-    root = Path(__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def test_the_fork_servers_imports_leave_cuda_alone():
@@ -216,10 +222,9 @@ def test_a_rank_keeps_what_the_agent_set_and_applies_threads_set_after_the_serve
     rank 0 still gets it. OMP_NUM_THREADS set after the server loaded torch still counts."""
     script = tmp_path / "late.py"
     script.write_text(LATE_ENVIRONMENT)
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = _with_project_path()
     done = subprocess.run(
-        [sys.executable, str(script)], cwd=root, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[(0, ('0', 3)), (1, ('1', 3))]"
@@ -249,8 +254,7 @@ def test_a_fork_server_stuck_in_its_imports_ends_the_launch_and_the_next_gets_a_
     (tmp_path / "stuck_import.py").write_text("import time\ntime.sleep(600)\n")
     script = tmp_path / "stuck.py"
     script.write_text(STUCK_SERVER)
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{tmp_path}"}
+    env = _with_project_path(tmp_path)
     done = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
     )
@@ -302,8 +306,7 @@ def test_a_stop_while_a_rank_connects_its_second_group_ends_it_at_once(tmp_path)
     error. The rank takes the default action until its connections are made."""
     script, mark = tmp_path / "stop.py", tmp_path / "rank1.pid"
     script.write_text(STOPPED_WHILE_CONNECTING)
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = _with_project_path()
     proc = subprocess.Popen(
         [sys.executable, str(script), str(mark)], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
     )
@@ -364,8 +367,7 @@ def test_a_stop_sent_to_the_whole_group_ends_the_launcher_after_its_ranks(tmp_pa
     signals blocked, so the agent sees the ranks' real ends."""
     script = tmp_path / "slow_to_leave.py"
     script.write_text(SLOW_TO_LEAVE)
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = _with_project_path()
     err_path = tmp_path / "stderr"
     # To a file, not a pipe: the ranks inherit the launcher's standard error, and reading a pipe
     # to its end would wait for them as well as for the launcher.
