@@ -628,6 +628,42 @@ def test_output_checks_leave_no_files(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def _check_in_step(path, start, rounds, failures) -> None:
+    from commbench.bench.records import check_writable
+
+    for _ in range(rounds):
+        start.wait()
+        try:
+            check_writable(path)
+        except ValueError as exc:
+            failures.put(str(exc))
+
+
+def test_output_checks_of_one_path_at_once_neither_fail_nor_leave_files(tmp_path):
+    """Under torchrun every rank checks the output paths before joining the group. Checked by
+    seeing whether the file existed, then creating and removing it, one rank's removal could fail
+    on another's ("cannot write ...: No such file or directory", exit 2; once in make test a rank
+    of test_sweep_under_torchrun exited 2), and a rank that saw another's file left it behind."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    path, processes, rounds = tmp_path / "r.jsonl", 3, 300
+    start, failures = ctx.Barrier(processes), ctx.Queue()
+    checkers = [
+        ctx.Process(target=_check_in_step, args=(path, start, rounds, failures)) for _ in range(processes)
+    ]
+    for checker in checkers:
+        checker.start()
+    for checker in checkers:
+        checker.join(120)
+    assert [c.exitcode for c in checkers] == [0] * processes
+    assert failures.empty()
+    assert list(tmp_path.iterdir()) == []
+    path.write_text("kept\n")  # an existing file is checked, not removed
+    _check_in_step(path, ctx.Barrier(1), 1, failures)
+    assert path.read_text() == "kept\n"
+
+
 def test_the_interrupted_message_counts_points_past_a_line_cut_short(tmp_path):
     from commbench.bench.cli import _kept
 

@@ -44,7 +44,9 @@ def test_sweep_under_torchrun(tmp_path):
         cwd=ROOT,
         timeout=240,
     )
-    assert out.returncode == 0, out.stderr[-2000:]
+    # The ranks' own one-line errors first: torchrun's report of the failure fills the tail.
+    said = "\n".join(line for line in out.stderr.splitlines() if line.startswith("commbench"))
+    assert out.returncode == 0, f"{said}\n...\n{out.stderr[-2000:]}"
     lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()[1:]]
     records = [r for r in lines if r["type"] == "sweep"]
     assert {r["world_size"] for r in records} == {3}

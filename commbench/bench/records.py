@@ -72,11 +72,21 @@ def check_writable(path: str | Path) -> None:
         parent = p.parent if str(p.parent) else Path(".")
         if not parent.is_dir():
             raise ValueError(f"cannot write {p}: directory {parent} does not exist")
-        existed = p.exists()
-        with open(p, "a"):
-            pass
-        if not existed:  # a check leaves nothing behind: a run refused later must not leave empty files
-            p.unlink()
+        # A check leaves nothing behind (a run refused later must not leave empty files), and
+        # holds when several processes check one path at once, as every rank does under torchrun:
+        # only the check that created the file removes it, and a file that another check removed
+        # meanwhile was creatable. (Seeing whether it existed, then creating and removing it, made
+        # one rank's removal fail on another's, and left files behind.)
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            try:
+                os.close(os.open(p, os.O_WRONLY | os.O_APPEND))  # there already: can it be written?
+            except FileNotFoundError:
+                pass
+        else:
+            os.close(fd)
+            p.unlink(missing_ok=True)
     except OSError as exc:  # no access to a directory on the way, a name too long, ...
         raise ValueError(f"cannot write {p}: {exc.strerror or exc}") from None
 
