@@ -628,6 +628,20 @@ def test_output_checks_leave_no_files(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_rank_that_writes_nothing_checks_only_what_needs_no_file_system(tmp_path):
+    from commbench.bench.records import check_outputs
+
+    missing = str(tmp_path / "missing" / "r.jsonl")
+    with pytest.raises(ValueError, match="directory .*missing does not exist"):
+        check_outputs(json=missing, plot=None)
+    check_outputs(json=missing, csv=str(tmp_path / "missing" / "r.csv"), plot="missing/r.png", writes=False)
+    with pytest.raises(ValueError, match="--json and --plot name the same file"):
+        check_outputs(json="r.png", plot="r.png", writes=False)
+    with pytest.raises(ValueError, match="cannot plot to missing/r.txt: the name must end in one of"):
+        check_outputs(json=missing, plot="missing/r.txt", writes=False)
+    assert list(tmp_path.iterdir()) == []
+
+
 def _check_in_step(path, start, rounds, failures) -> None:
     from commbench.bench.records import check_writable
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,100 @@ def test_world_size_that_contradicts_the_launcher_is_bad_input(monkeypatch, caps
     assert main(["sweep", "--world-size", "4", "-b", "1K", "-e", "1K"]) == 2
     err = capsys.readouterr().err
     assert "disagrees with the launcher's world of 2" in err and err.count("\n") == 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SWEEP_ON_TWO_NODES = "sweep -b 4K -e 4K -n 2 -w 1 -a ring --csv results/r.csv"
+TRAIN_ON_TWO_NODES = (
+    "train --strategy ring --model mlp --model-opt widths=32 --samples 256 --steps-per-epoch 2 --epochs 1"
+)
+
+
+@pytest.mark.parametrize(
+    ("command", "written"),
+    [
+        (SWEEP_ON_TWO_NODES, ["r.csv", "r.jsonl", "r.png"]),
+        (TRAIN_ON_TWO_NODES, ["r-loss.png", "r.jsonl", "r.png"]),
+    ],
+    ids=["sweep", "train"],
+)
+def test_ranks_on_other_nodes_leave_the_output_paths_to_rank_0(tmp_path, command, written):
+    """Two ranks of one job as two nodes see them: the same command line, relative output paths
+    whose directory exists only where rank 0 runs. Only rank 0 writes, so only it may refuse them;
+    the other rank refused a directory it never writes to, and the run ended."""
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for node in nodes:
+        node.mkdir()
+    (nodes[0] / "results").mkdir()
+    argv = [*command.split(), "-q", "--no-probe", "--timeout", "60"]
+    argv += ["--json", "results/r.jsonl", "--plot", "results/r.png"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "commbench", *argv],
+            cwd=node,
+            env={**env, "RANK": str(rank), "LOCAL_RANK": "0"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, node in enumerate(nodes)
+    ]
+    try:
+        errors = [rank.communicate(timeout=240)[1] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert [rank.returncode for rank in ranks] == [0, 0], errors
+    assert sorted(p.name for p in (nodes[0] / "results").iterdir()) == written
+    assert list(nodes[1].iterdir()) == []
+    records = [json.loads(x) for x in (nodes[0] / "results" / "r.jsonl").read_text().splitlines()]
+    assert {r["world_size"] for r in records if r["type"] in ("sweep", "epoch")} == {2}
+
+
+def test_only_rank_0_of_a_launched_job_writes_outputs(monkeypatch):
+    from commbench.bench import launch
+
+    for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR"):
+        monkeypatch.delenv(key, raising=False)
+    assert launch.writes_outputs()  # commbench starts the ranks: the launcher checks
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, writes in (("0", True), ("1", False), ("x", True)):
+        monkeypatch.setenv("RANK", rank)
+        assert launch.writes_outputs() is writes
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    for rank, writes in (("0", True), ("1", False)):
+        monkeypatch.setenv("SLURM_PROCID", rank)
+        assert launch.writes_outputs() is writes
+
+
+def test_a_path_that_rank_0_refuses_is_said_once_and_ends_the_run(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
+        + ["-m", "commbench", "sweep", "-b", "4K", "-e", "4K", "-n", "2", "-q", "--json", "nodir/r.jsonl"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=240,
+    )
+    said = [line for line in out.stderr.splitlines() if line.startswith("commbench:")]
+    assert out.returncode != 0
+    assert said == ["commbench: error: cannot write nodir/r.jsonl: directory nodir does not exist"], said
+    assert list(tmp_path.iterdir()) == []

@@ -321,18 +321,13 @@ def check_sweep_memory(config: Any, spec: Any, local: int | None = None) -> None
 
 def cmd_sweep(config: Any, spec: Any, plot_path: str | None) -> int:
     from commbench.bench import launch
-    from commbench.bench.records import check_distinct, check_plot_path, check_writable
+    from commbench.bench.records import check_outputs
 
-    check_distinct(json=config.json_path, csv=config.csv_path, plot=plot_path)
     if config.root >= spec.world_size:
         raise ValueError(f"root {config.root} is not a rank of a world of {spec.world_size}")
     _check_some_size_fits(config, spec.world_size)
     check_sweep_memory(config, spec)
-    if plot_path:
-        check_plot_path(plot_path)
-    for path in (config.json_path, config.csv_path):
-        if path:
-            check_writable(path)
+    check_outputs(json=config.json_path, csv=config.csv_path, plot=plot_path, writes=launch.writes_outputs())
     launch.run(_sweep_rank, (config, spec.device, plot_path), spec)
     return 0
 

@@ -143,13 +143,9 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
 
 def _check_outputs(inner: argparse.Namespace) -> None:
     """The inner command's output files, checked before anything is built (they are written last)."""
-    from commbench.bench.records import check_plot_path, check_writable
+    from commbench.bench.records import check_outputs
 
-    for name in ("json", "csv"):
-        if getattr(inner, name, None):
-            check_writable(getattr(inner, name))
-    if getattr(inner, "plot", None):
-        check_plot_path(inner.plot)
+    check_outputs(**{name: getattr(inner, name, None) for name in ("json", "csv", "plot")})
 
 
 def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = None) -> int:

@@ -99,6 +99,19 @@ def external_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
 
 
+def writes_outputs() -> bool:
+    """Whether this process writes the run's files: one that starts its ranks itself does, and
+    under torchrun or SLURM rank 0 alone (a rank number that cannot be read counts as rank 0, so
+    its paths are checked)."""
+    if not launched_externally():
+        return True
+    env = os.environ
+    try:
+        return int(env.get("RANK", env.get("SLURM_PROCID", "0"))) == 0
+    except ValueError:
+        return True
+
+
 def _rank_main(
     fn: Callable[..., Any], args: tuple, spec: LaunchSpec, error_dir: str | None, env: Any = None
 ) -> Any:

@@ -113,6 +113,11 @@ def check_distinct(**paths: str | None) -> None:
 
 def check_plot_path(path: str | Path) -> None:
     """Raise ValueError unless ``path`` is a writable file name matplotlib can save a plot as."""
+    _check_plot_format(path)
+    check_writable(path)
+
+
+def _check_plot_format(path: str | Path) -> None:
     from matplotlib.backend_bases import FigureCanvasBase
 
     formats = sorted(FigureCanvasBase.get_supported_filetypes())
@@ -122,7 +127,23 @@ def check_plot_path(path: str | Path) -> None:
             f"cannot plot to {path}: the name must end in one of .{', .'.join(formats)}"
             f" (got {'.' + suffix if suffix else 'no suffix'})"
         )
-    check_writable(path)
+
+
+def check_outputs(*, plot: str | None = None, writes: bool = True, **files: str | None) -> None:
+    """Refuse a run's output options (name=path, and ``plot``) before it starts: two naming one
+    file, a plot name matplotlib cannot save as, and, where ``writes``, a file that cannot be
+    written.
+
+    ``writes`` is False in the ranks that write nothing: under torchrun or SLURM only rank 0
+    writes, and the others may run on nodes whose file systems lack its directories.
+    """
+    check_distinct(**files, plot=plot)
+    if plot:
+        _check_plot_format(plot)
+    if writes:
+        for path in (*files.values(), plot):
+            if path:
+                check_writable(path)
 
 
 class RecordWriter:

@@ -254,10 +254,8 @@ def _train_rank(config: Any, device: str) -> list[dict]:
 
 def cmd_train(config: Any, spec: Any) -> int:
     from commbench.bench import launch
-    from commbench.bench.records import check_distinct, check_plot_path, check_writable
+    from commbench.bench.records import check_outputs
     from commbench.trainers.sync import CUDA_ONLY
-
-    check_distinct(json=config.json_path, plot=config.plot_path)
 
     for s in config.strategies:
         if s in SINGLE_PROCESS and spec.world_size > 1:
@@ -266,10 +264,7 @@ def cmd_train(config: Any, spec: Any) -> int:
             raise ValueError(f"strategy {s} needs --device cuda")
     if config.batch_size == 0 and spec.device != "cuda":
         raise ValueError("searching the largest batch (--batch-size 0) needs --device cuda")
-    if config.json_path:
-        check_writable(config.json_path)
-    if config.plot_path:
-        check_plot_path(config.plot_path)
+    check_outputs(json=config.json_path, plot=config.plot_path, writes=launch.writes_outputs())
     if config.dataset != "synthetic":  # a missing or malformed file is reported once, before launching
         from commbench.trainers.data import build_dataset
 
