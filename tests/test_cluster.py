@@ -160,6 +160,10 @@ def test_a_failed_build_step_is_one_line_and_exit_1(monkeypatch, capsys):
         (["--hosts", "2", "--", "sweep", "-b", "nope"], "not a size"),
         (["--hosts", "2", "--", "sweep", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),
         (["--hosts", "2", "--", "train", "--plot", "steps.txt"], "must end in one of"),
+        (
+            ["--hosts", "2", "--", "sweep", "--csv", "r.png", "--plot", "r.png"],
+            "--csv and --plot name the same",
+        ),
     ],
 )
 def test_bad_input_is_exit_2_with_one_line(argv, message, capsys, monkeypatch):
