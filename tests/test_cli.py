@@ -621,10 +621,12 @@ def _cmdline(proc: psutil.Process) -> list[str]:
 
 
 def test_output_checks_leave_no_files(tmp_path):
-    from commbench.bench.records import check_plot_path, check_writable
+    from commbench.bench.records import check_outputs, check_writable
 
     check_writable(tmp_path / "r.jsonl")
-    check_plot_path(tmp_path / "busbw.png")
+    check_outputs(
+        json=str(tmp_path / "r2.jsonl"), csv=str(tmp_path / "r.csv"), plot=str(tmp_path / "busbw.png")
+    )
     assert list(tmp_path.iterdir()) == []
 
 

@@ -111,13 +111,8 @@ def check_distinct(**paths: str | None) -> None:
         seen[key] = name
 
 
-def check_plot_path(path: str | Path) -> None:
-    """Raise ValueError unless ``path`` is a writable file name matplotlib can save a plot as."""
-    _check_plot_format(path)
-    check_writable(path)
-
-
-def _check_plot_format(path: str | Path) -> None:
+def check_plot_format(path: str | Path) -> None:
+    """Raise ValueError unless ``path`` is a file name matplotlib can save a plot as."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     formats = sorted(FigureCanvasBase.get_supported_filetypes())
@@ -139,7 +134,7 @@ def check_outputs(*, plot: str | None = None, writes: bool = True, **files: str 
     """
     check_distinct(**files, plot=plot)
     if plot:
-        _check_plot_format(plot)
+        check_plot_format(plot)
     if writes:
         for path in (*files.values(), plot):
             if path:
