@@ -728,11 +728,9 @@ def test_a_sweep_whose_reader_leaves_early_runs_to_the_end(tmp_path):
 def test_a_rank_whose_launcher_is_gone_says_so_in_one_line(tmp_path):
     """RANK and WORLD_SIZE left in the environment (another job's launcher) make commbench one rank
     of a job that never comes: after --timeout, one line naming the variables, no traceback."""
-    import socket
+    from tests.world import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     argv = ["sweep", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "-q", "--no-probe", "--timeout", "2"]
     done = subprocess.run(

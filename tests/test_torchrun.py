@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from commbench.bench.cli import main
+from tests.world import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,14 +73,6 @@ def test_world_size_that_contradicts_the_launcher_is_bad_input(monkeypatch, caps
     assert "disagrees with the launcher's world of 2" in err and err.count("\n") == 1
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 SWEEP_ON_TWO_NODES = "sweep -b 4K -e 4K -n 2 -w 1 -a ring --csv results/r.csv"
 TRAIN_ON_TWO_NODES = (
     "train --strategy ring --model mlp --model-opt widths=32 --samples 256 --steps-per-epoch 2 --epochs 1"
@@ -109,7 +102,7 @@ def test_ranks_on_other_nodes_leave_the_output_paths_to_rank_0(tmp_path, command
         "PYTHONPATH": str(ROOT),
         "WORLD_SIZE": "2",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
     }
     ranks = [
         subprocess.Popen(

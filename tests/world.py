@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,13 @@ from commbench.bench import launch
 CASE_TIMEOUT_S = 60.0
 IDLE_POLL_S = 30.0  # a rank waiting for its next case checks this often that the pytest process lives
 IDLE_LIMIT_S = 1800.0  # and gives up after this long without a case
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now, for a rendezvous a test makes by hand."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _next_case(store: dist.TCPStore, key: str) -> Any:
