@@ -613,6 +613,48 @@ def test_ctrl_c_the_moment_a_rank_is_forked_is_not_lost(tmp_path):
     assert psutil.wait_procs(ranks, timeout=30)[1] == []
 
 
+STOP_IN_A_FINALISER = """
+import os, signal, sys, time
+from torch.distributed.elastic.agent.server import local_elastic_agent
+from commbench.bench import cli
+
+class CtrlC:
+    def __del__(self):
+        os.killpg(0, signal.SIGINT)  # Ctrl-C at the terminal, taken by the launcher in a finaliser
+        time.sleep(0.5)
+
+monitor = local_elastic_agent.LocalElasticAgent._monitor_workers
+rounds = []
+
+def monitor_then_drop(self, group):
+    rounds.append(1)
+    if len(rounds) == 30:  # 3 s in: the ranks are sweeping
+        CtrlC()
+    return monitor(self, group)
+
+if __name__ == "__main__":
+    local_elastic_agent.LocalElasticAgent._monitor_workers = monitor_then_drop
+    argv = ["sweep", "-b", "4K", "-e", "4K", "-n", "100000000", "-w", "1", "-q", "--no-probe"]
+    sys.exit(cli.main([*argv, "--json", sys.argv[1]]))
+"""
+
+
+def test_ctrl_c_that_the_launcher_takes_in_a_finaliser_is_not_lost(tmp_path):
+    """The agent's handler turns a Ctrl-C into an exception, and one raised while a finaliser
+    (``__del__``) runs is printed and dropped: the launcher went on, found its ranks ended by the
+    same Ctrl-C and reported "rank 0 failed: killed by SIGINT" under the dropped exception's
+    traceback, exit 1 (seen once in make test, in a temporary file's finaliser)."""
+    script = tmp_path / "finaliser.py"
+    script.write_text(STOP_IN_A_FINALISER)
+    path = tmp_path / "r.jsonl"
+    with _endless(
+        [sys.executable, str(script), str(path)], env={**os.environ, "PYTHONPATH": str(ROOT)}
+    ) as proc:
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.count("\n") == 1 and err.startswith("commbench: interrupted"), err
+    assert json.loads(path.read_text().splitlines()[0])["type"] == "header"
+
+
 def _cmdline(proc: psutil.Process) -> list[str]:
     try:
         return proc.cmdline()

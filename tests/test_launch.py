@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commbench.bench import starter
+from commbench.bench import launch, starter
 from commbench.bench.launch import LaunchSpec, RankFailed, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -524,3 +524,26 @@ def test_a_rank_stopped_while_writing_its_error_does_not_hide_the_rank_that_died
     assert not (tmp_path / "rank2.err.part").exists()
     found = launch._first_failure(SimpleNamespace(failures={2: failure(1, 9.0)}), str(tmp_path))
     assert (found.rank, found.detail) == (2, "ValueError: bad value")
+
+
+def test_a_stop_dropped_by_a_finaliser_is_kept_and_other_dropped_errors_still_reported(monkeypatch):
+    class Stop(Exception):
+        sigval = signal.SIGTERM
+
+    class Raises:
+        def __init__(self, exc: BaseException) -> None:
+            self.exc = exc
+
+        def __del__(self) -> None:
+            raise self.exc
+
+    reported: list[BaseException] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_value))
+    lost: list[int] = []
+    with launch._stops_in_finalisers(Stop, lost):
+        Raises(Stop())
+        Raises(KeyboardInterrupt())
+        Raises(ValueError("not a stop"))
+    Raises(Stop())  # once the launch is over, Python's own handling is back
+    assert lost == [signal.SIGTERM, signal.SIGINT]
+    assert [type(e) for e in reported] == [ValueError, Stop]

@@ -275,12 +275,16 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
             logs_specs=DefaultLogsSpecs(log_dir=os.path.join(error_dir, "agent")),
         )
         forked = method == starter.START_METHOD
+        lost: list[int] = []  # stops whose exception a finaliser dropped
         try:
             if forked:
                 starter.ready(spec.timeout_s)
             change = starter.environment_change() if forked else None  # a spawned rank has ours
-            return elastic_launch(config, _rank_main)(fn, args, spec, error_dir, change)
+            with _stops_in_finalisers(SignalException, lost):
+                results = elastic_launch(config, _rank_main)(fn, args, spec, error_dir, change)
         except ChildFailedError as exc:
+            if lost:  # the ranks were ended by that stop
+                raise Interrupted(lost[0]) from None
             failure = _first_failure(exc, error_dir)
             if forked and starter.server_gone():
                 gone = "the fork server that started the ranks had ended"
@@ -290,6 +294,38 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
             raise Interrupted(int(exc.sigval)) from None
         except KeyboardInterrupt:
             raise Interrupted(signal.SIGINT) from None
+        if lost:
+            raise Interrupted(lost[0])
+        return results
+
+
+@contextlib.contextmanager
+def _stops_in_finalisers(raised: type[BaseException], lost: list[int]) -> Iterator[None]:
+    """Keep the stop that the agent's signal handler raises (``raised``, with its ``sigval``; or a
+    KeyboardInterrupt) when it is raised while a finaliser (``__del__``, a weakref callback) runs:
+    Python prints such an exception and drops it, and the launch went on. The signal numbers of
+    such stops are added to ``lost`` instead of printed, and the launch then ends as interrupted.
+
+    A Ctrl-C reaches the ranks too, which leave, so the run still ends at once (seen once in make
+    test: a temporary file's finaliser took it, and the run ended "rank 0 failed: killed by
+    SIGINT" under the dropped exception's traceback). A signal sent to this process alone, taken
+    in a finaliser, is acted on only when the ranks end; a second one acts as usual."""
+    previous = sys.unraisablehook
+
+    def keep(unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        if isinstance(exc, raised):
+            lost.append(int(exc.sigval))
+        elif isinstance(exc, KeyboardInterrupt):
+            lost.append(signal.SIGINT)
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = keep
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
 
 
 @contextlib.contextmanager
