@@ -111,7 +111,7 @@ def check_distinct(**paths: str | None) -> None:
         seen[key] = name
 
 
-def check_plot_format(path: str | Path) -> None:
+def _check_plot_format(path: str | Path) -> None:
     """Raise ValueError unless ``path`` is a file name matplotlib can save a plot as."""
     from matplotlib.backend_bases import FigureCanvasBase
 
@@ -134,7 +134,7 @@ def check_outputs(*, plot: str | None = None, writes: bool = True, **files: str 
     """
     check_distinct(**files, plot=plot)
     if plot:
-        check_plot_format(plot)
+        _check_plot_format(plot)
     if writes:
         for path in (*files.values(), plot):
             if path:
