@@ -396,6 +396,45 @@ def test_a_stop_sent_to_the_whole_group_ends_the_launcher_after_its_ranks(tmp_pa
     assert left == ["rank0.left", "rank1.left"]
 
 
+STOPPED_BEFORE_THE_AGENT = """
+import os, signal, sys
+from commbench.bench import cli, starter
+
+ready = starter.ready
+
+def ready_then_stop(timeout_s):
+    ready(timeout_s)
+    os.kill(os.getpid(), int(sys.argv[1]))  # the fork server is up; the agent has no handler yet
+
+if __name__ == "__main__":
+    starter.ready = ready_then_stop
+    argv = ["sweep", "--world-size", "2", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "-q", "--no-probe"]
+    sys.exit(cli.main(argv))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["term", "hup"])
+def test_a_stop_before_the_agent_starts_the_ranks_is_an_interruption(tmp_path, sig):
+    """Until the agent installs its handlers, SIGTERM and SIGHUP took their default action: the
+    launcher ended at once, without "interrupted", and left its scratch directory behind."""
+    script, scratch = tmp_path / "early.py", tmp_path / "tmp"
+    script.write_text(STOPPED_BEFORE_THE_AGENT)
+    scratch.mkdir()
+    env = {**_with_project_path(), "TMPDIR": str(scratch)}
+    command = [sys.executable, str(script), str(int(sig))]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (128 + sig, "commbench: interrupted\n"), done.stderr[-2000:]
+    assert sorted(p.name for p in scratch.glob("commbench-*")) == []
+
+
+def test_a_launch_puts_back_the_stop_handlers_it_found():
+    """The agent leaves its own handlers installed: a Ctrl-C after the launch then raised its
+    exception, not KeyboardInterrupt, where nothing catches it."""
+    before = [signal.getsignal(s) for s in launch.STOP_SIGNALS]
+    assert run(_world, (), LaunchSpec(world_size=2)) == {0: (0, 2), 1: (1, 2)}
+    assert [signal.getsignal(s) for s in launch.STOP_SIGNALS] == before
+
+
 def test_stop_signals_after_the_first_are_swallowed_by_a_python_handler():
     """timeout(1) signals the group and the launcher signals its ranks: a rank can get a second
     SIGTERM while its handler runs. With SIG_IGN installed there, one that had already reached

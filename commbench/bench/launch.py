@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -277,11 +278,12 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
         forked = method == starter.START_METHOD
         lost: list[int] = []  # stops whose exception a finaliser dropped
         try:
-            if forked:
-                starter.ready(spec.timeout_s)
-            change = starter.environment_change() if forked else None  # a spawned rank has ours
-            with _stops_in_finalisers(SignalException, lost):
-                results = elastic_launch(config, _rank_main)(fn, args, spec, error_dir, change)
+            with _stops_raise(SignalException):
+                if forked:
+                    starter.ready(spec.timeout_s)
+                change = starter.environment_change() if forked else None  # a spawned rank has ours
+                with _stops_in_finalisers(SignalException, lost):
+                    results = elastic_launch(config, _rank_main)(fn, args, spec, error_dir, change)
         except ChildFailedError as exc:
             if lost:  # the ranks were ended by that stop
                 raise Interrupted(lost[0]) from None
@@ -297,6 +299,39 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
         if lost:
             raise Interrupted(lost[0])
         return results
+
+
+@contextlib.contextmanager
+def _stops_raise(raised: Callable[[str, signal.Signals], BaseException]) -> Iterator[None]:
+    """From the start of a launch, SIGTERM and SIGHUP raise ``raised`` (msg, signal), as the agent's
+    own handler does once it starts the ranks; the handlers of all three stop signals from before
+    the launch come back after it.
+
+    Before the agent's handler, those two took their default action: a SIGTERM while the fork
+    server started or the rendezvous was made ended this process at once (2 of 8 SIGTERMs sent
+    2 to 5 s into a 2-rank sweep), without "interrupted" and leaving its scratch directory. After
+    the launch, the agent's handler stayed, and a stop there would have raised its exception where
+    nothing catches it. An ignored signal (``nohup``) stays ignored; off the main thread nothing
+    changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        sig = signal.Signals(signum)
+        raise raised(f"commbench launcher got {sig.name}", sig)
+
+    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        if before[s] != signal.SIG_IGN:
+            signal.signal(s, stop)
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            if handler is not None:  # None: a handler set outside Python, which cannot be put back
+                signal.signal(s, handler)
 
 
 @contextlib.contextmanager
