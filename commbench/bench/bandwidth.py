@@ -8,10 +8,9 @@ import contextlib
 import dataclasses
 import signal
 import sys
-import threading
-from collections.abc import Iterator
 from typing import Any
 
+from commbench.bench import signals
 from commbench.bench.records import output_path
 from commbench.kernels.copy import D2H_PINNED, H2D_PINNED, OVER_PCIE, CopyResult, each_copy
 from commbench.probes.links import ImpossibleReading, check_rate, pcie_max_gbps
@@ -150,8 +149,7 @@ def format_table(records: list[BandwidthRecord]) -> str:
     return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
+def _sigterm_interrupts() -> contextlib.AbstractContextManager:
     """SIGTERM raises Interrupted (as Ctrl-C raises KeyboardInterrupt), so the CLI ends the run in
     one line with exit 143; the old handler comes back after (main thread only)."""
     from commbench.bench.launch import Interrupted
@@ -159,14 +157,7 @@ def _sigterm_interrupts() -> Iterator[None]:
     def on_sigterm(signum: int, frame: Any) -> None:
         raise Interrupted(signum)
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    return signals.handled((signal.SIGTERM,), on_sigterm)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,7 +16,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commbench.bench import starter
+from commbench.bench import signals, starter
 from commbench.bench.starter import launched_externally
 from commbench.comm import p2p
 
@@ -301,8 +300,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
         return results
 
 
-@contextlib.contextmanager
-def _stops_raise(raised: Callable[[str, signal.Signals], BaseException]) -> Iterator[None]:
+def _stops_raise(raised: Callable[[str, signal.Signals], BaseException]) -> contextlib.AbstractContextManager:
     """From the start of a launch, SIGTERM and SIGHUP raise ``raised`` (msg, signal), as the agent's
     own handler does once it starts the ranks; the handlers of all three stop signals from before
     the launch come back after it.
@@ -311,27 +309,14 @@ def _stops_raise(raised: Callable[[str, signal.Signals], BaseException]) -> Iter
     server started or the rendezvous was made ended this process at once (2 of 8 SIGTERMs sent
     2 to 5 s into a 2-rank sweep), without "interrupted" and leaving its scratch directory. After
     the launch, the agent's handler stayed, and a stop there would have raised its exception where
-    nothing catches it. An ignored signal (``nohup``) stays ignored; off the main thread nothing
-    changes.
+    nothing catches it.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def stop(signum: int, frame: Any) -> None:
         sig = signal.Signals(signum)
         raise raised(f"commbench launcher got {sig.name}", sig)
 
-    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-    for s in (signal.SIGTERM, signal.SIGHUP):
-        if before[s] != signal.SIG_IGN:
-            signal.signal(s, stop)
-    try:
-        yield
-    finally:
-        for s, handler in before.items():
-            if handler is not None:  # None: a handler set outside Python, which cannot be put back
-                signal.signal(s, handler)
+    return signals.handled((signal.SIGTERM, signal.SIGHUP), stop, also_restore=(signal.SIGINT,))
 
 
 @contextlib.contextmanager

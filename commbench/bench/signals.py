@@ -1,29 +1,44 @@
-"""Signals noted instead of acted on, for code that must finish a step before it stops."""
+"""Signal handlers for the length of a block: noted instead of acted on, or raising."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+
+@contextlib.contextmanager
+def handled(
+    signals: Iterable[int], handler: Callable[[int, Any], None], also_restore: Iterable[int] = ()
+) -> Iterator[None]:
+    """While the block runs, each of ``signals`` goes to ``handler``; after it, the handlers from
+    before come back, those of ``also_restore`` too (for code in the block that sets its own).
+
+    A signal the process inherited as ignored (``nohup``) stays ignored. Off the main thread, where
+    Python cannot set handlers, nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = tuple(signals)
+    before = {s: signal.getsignal(s) for s in (*signals, *also_restore)}
+    for s in signals:
+        if before[s] != signal.SIG_IGN:
+            signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, old in before.items():
+            if old is not None:  # None: a handler set outside Python, which cannot be put back
+                signal.signal(s, old)
 
 
 @contextlib.contextmanager
 def noted(signals: Iterable[int]) -> Iterator[list[int]]:
     """While the block runs, each of ``signals`` that arrives is appended to the list this yields
-    instead of acting; the previous handlers come back after.
-
-    A signal the process inherited as ignored stays ignored. Off the main thread, where Python
-    cannot set handlers, nothing is caught and the list stays empty.
-    """
+    instead of acting (see :func:`handled`); off the main thread the list stays empty."""
     got: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
+    with handled(signals, lambda signum, frame: got.append(signum)):
         yield got
-        return
-    watched = [s for s in signals if signal.getsignal(s) != signal.SIG_IGN]
-    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in watched}
-    try:
-        yield got
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
