@@ -285,10 +285,12 @@ def test_delay_without_netem_fails_in_one_line_or_runs(capfd):
     _assert_clean(os.getpid(), before)
 
 
-def _start(hosts: int) -> subprocess.Popen:
+def _start(hosts: int, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     argv = [sys.executable, "-m", "commbench", "cluster", "--hosts", str(hosts), "--rate", "100mbit", "--"]
     argv += ["sweep", "-a", "ring", "-b", "4M", "-e", "4M", "-n", "1000", "-w", "0", "--no-limit", "-c", "0"]
-    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*argv, *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _rank_process(owner: int, host: int, timeout_s: float = 120) -> int:
@@ -323,15 +325,20 @@ def test_killed_rank_fails_the_run_by_name_and_cleans_up():
 
 
 @needs_privileges
-def test_sigterm_stops_the_run_and_cleans_up():
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["term", "hup", "int"])
+def test_a_stop_signal_ends_the_run_and_cleans_up(tmp_path, signum):
+    """SIGHUP (a closed terminal) used to end the command at once, leaving the namespaces, the
+    scratch directory, and the hosts' ranks running to the end of their sweep."""
     before = _root_state()
-    proc = _start(2)
+    out = tmp_path / "c.jsonl"
+    proc = _start(2, "--json", str(out), env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         _rank_process(proc.pid, 0)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
-    assert "interrupted" in err
+    assert proc.returncode == 128 + signum, err[-2000:]
+    assert err == f"commbench: interrupted; nothing had finished, {out} holds no points\n"
     _assert_clean(proc.pid, before)
+    assert list(tmp_path.glob("commbench-*")) == []

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commbench.bench import netns
+from commbench.bench import netns, signals
 from commbench.bench.netns import NIC, RDZV_PORT, Shaping, Topology
 
 INNER_COMMANDS = ("sweep", "train", "compare")
@@ -160,6 +160,7 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
     config = config_from_args(args)
     inner = build_parser().parse_args(list(config.inner))  # bad inner input: exit 2 before building
     _check_outputs(inner)
+    args.json = inner.json  # an interruption's one line names where the finished points are
     if inner.command == "sweep":  # every host's rank lives in this machine's memory
         from commbench.bench import cli, launch
 
@@ -262,7 +263,7 @@ def run_hosts(config: ClusterConfig, argv: Sequence[str], work: Path) -> dict[in
 
     Raises:
         RankFailed: a host's rank failed (named, with its error); the others were stopped.
-        Interrupted: SIGINT or SIGTERM reached this process; the ranks were stopped.
+        Interrupted: SIGINT, SIGTERM or SIGHUP reached this process; the ranks were stopped.
     """
     import psutil
 
@@ -274,46 +275,42 @@ def run_hosts(config: ClusterConfig, argv: Sequence[str], work: Path) -> dict[in
         raise netns.ClusterError(f"cannot remove namespaces of an earlier run: {', '.join(leftover)}")
 
     def on_signal(signum: int, frame: Any) -> None:
-        for s in (signal.SIGINT, signal.SIGTERM):  # one is enough; a second must not cut the cleanup
+        for s in signals.STOPS:  # one is enough; a second must not cut the cleanup
             signal.signal(s, signal.SIG_IGN)
         raise Interrupted(signum)
 
-    handlers = {}
     main_thread = threading.current_thread() is threading.main_thread()
-    if main_thread:
-        handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     procs: list[subprocess.Popen] = []
     logs = [work / f"host{i}.log" for i in range(config.hosts)]
-    try:
-        netns.create(topo, config.shaping)
-        before = netns.port_counters(topo)
-        for i in range(config.hosts):
-            with open(logs[i], "w") as log:
-                procs.append(
-                    subprocess.Popen(
-                        host_command(topo, i, argv, config.join_timeout_s),
-                        env=host_env(dict(os.environ), topo, i, config.shaping),
-                        stdin=subprocess.DEVNULL,
-                        stdout=None if i == 0 else log,
-                        stderr=log,
-                        start_new_session=True,  # our signals are ours; the hosts are stopped by us
-                    )
-                )
-        _wait(procs, logs)
-        after = netns.port_counters(topo)
-        return {i: (after[i][0] - before[i][0], after[i][1] - before[i][1]) for i in range(config.hosts)}
-    finally:
-        if main_thread:
-            for s in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(s, signal.SIG_IGN)
+    # SIGHUP too: a closed terminal used to end this process at once, leaving the namespaces and
+    # the hosts' ranks running to the end of their command.
+    with signals.handled(signals.STOPS, on_signal):
         try:
+            netns.create(topo, config.shaping)
+            before = netns.port_counters(topo)
+            for i in range(config.hosts):
+                with open(logs[i], "w") as log:
+                    procs.append(
+                        subprocess.Popen(
+                            host_command(topo, i, argv, config.join_timeout_s),
+                            env=host_env(dict(os.environ), topo, i, config.shaping),
+                            stdin=subprocess.DEVNULL,
+                            stdout=None if i == 0 else log,
+                            stderr=log,
+                            start_new_session=True,  # our signals are ours; the hosts are stopped by us
+                        )
+                    )
+            _wait(procs, logs)
+            after = netns.port_counters(topo)
+            return {i: (after[i][0] - before[i][0], after[i][1] - before[i][1]) for i in range(config.hosts)}
+        finally:
+            if main_thread:
+                for s in signals.STOPS:
+                    signal.signal(s, signal.SIG_IGN)
             _stop(procs)
             left = netns.destroy(netns.owned(netns.namespaces(), topo.owner))
             if left:
                 print(f"commbench: could not remove {', '.join(left)}", file=sys.stderr)
-        finally:
-            for s, h in handlers.items():
-                signal.signal(s, h)
 
 
 def _wait(procs: Sequence[subprocess.Popen], logs: Sequence[Path]) -> None:

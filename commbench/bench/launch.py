@@ -37,7 +37,7 @@ MAX_TIMEOUT_S = 1e7  # 116 days; far larger overflows the launcher's deadline ar
 FAILED_RANK_LINGER_S = 1.0  # see _rank_main
 SCRATCH_REMOVAL_S = 5.0  # see _scratch_dir
 _stopping = False  # this rank is being stopped by a signal
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a rank leaves quietly on these
+STOP_SIGNALS = signals.STOPS  # a rank leaves quietly on these
 
 
 class Interrupted(Exception):

@@ -301,7 +301,7 @@ def _stop_inner(inner: subprocess.Popen, top: Any) -> None:
     psutil.wait_procs(alive, timeout=5.0)
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = signals.STOPS
 
 
 def output_dir(path: str) -> Path:

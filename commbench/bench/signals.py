@@ -8,6 +8,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+# The signals that end a run as interrupted: Ctrl-C, kill's default, and a closed terminal.
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 
 @contextlib.contextmanager
 def handled(
