@@ -115,7 +115,7 @@ def _counting(codes: dict[int, int]):
     return started, execute
 
 
-@pytest.mark.parametrize("code", [130, 143])
+@pytest.mark.parametrize("code", [130, 143, 129])  # Ctrl-C, SIGTERM, a closed terminal (SIGHUP)
 def test_an_interrupted_run_stops_the_study(tmp_path, code):
     config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
     started, execute = _counting({2: code})
@@ -125,10 +125,11 @@ def test_an_interrupted_run_stops_the_study(tmp_path, code):
     assert (tmp_path / "st" / "runs").is_dir() and not (tmp_path / "st" / "report.md").exists()
 
 
-def test_an_interrupted_cluster_run_is_not_retried_on_local_ranks(tmp_path, monkeypatch):
+@pytest.mark.parametrize("code", [143, 129])
+def test_an_interrupted_cluster_run_is_not_retried_on_local_ranks(tmp_path, monkeypatch, code):
     monkeypatch.setattr(study, "cluster_available", lambda: None)
     config = study.StudyConfig(name="001_sync_strategies", out_dir=str(tmp_path / "st"))
-    started, execute = _counting({1: 143})
+    started, execute = _counting({1: code})
     outcomes, md = study.run_study(config, execute=execute)
     assert [a[0] for a in started] == ["cluster"] and md is None
 
@@ -141,35 +142,36 @@ def test_study_command_returns_the_interrupted_code(tmp_path, monkeypatch, capsy
     assert "report:" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["term", "hup"])
 @pytest.mark.parametrize("where", ["in a run", "between runs"])
-def test_a_signal_between_runs_stops_the_study(tmp_path, where):
+def test_a_signal_between_runs_stops_the_study(tmp_path, where, signum):
     """A signal that no run's CLI turns into an exit code: inside a run that lets it through, or
     after one run ended and before the next began (``on_run`` is called there)."""
     from commbench.bench.launch import Interrupted
 
-    def fail(signum, frame):
-        raise AssertionError("SIGTERM reached the test's own handler")
+    def fail(got, frame):
+        raise AssertionError(f"signal {got} reached the test's own handler")
 
     def execute(argv: list[str]) -> int:
         started.append(argv)
         if where == "in a run":
-            os.kill(os.getpid(), signal.SIGTERM)  # lands in the study's code, not in a run's CLI
+            os.kill(os.getpid(), signum)  # lands in the study's code, not in a run's CLI
         return 0
 
     def on_run(planned, total) -> None:
         if where == "between runs" and started:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
 
     started: list[list[str]] = []
-    before = signal.signal(signal.SIGTERM, fail)
+    before = signal.signal(signum, fail)
     try:
         config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"))
         with pytest.raises(Interrupted) as info:
             study.run_study(config, execute=execute, on_run=on_run)
-        assert info.value.signum == signal.SIGTERM and len(started) == 1
-        assert signal.getsignal(signal.SIGTERM) is fail  # the old handler is back
+        assert info.value.signum == signum and len(started) == 1
+        assert signal.getsignal(signum) is fail  # the old handler is back
     finally:
-        signal.signal(signal.SIGTERM, before)
+        signal.signal(signum, before)
 
 
 @pytest.mark.parametrize("out", ["/proc/commbench-x", "/etc/passwd", "/dev/null"])

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from commbench.bench import reporting as rp
+from commbench.bench import signals
 from commbench.bench.records import output_path
 
 SCALES = ("tiny", "default", "full")
 COMMANDS = ("sweep", "train", "compare")
 SCALE_ENV = "COMMBENCH_STUDY_SCALE"
-INTERRUPTED = (128 + signal.SIGINT, 128 + signal.SIGTERM)  # a run's exit code when a signal stopped it
+INTERRUPTED = tuple(128 + s for s in signals.STOPS)  # a run's exit code when a signal stopped it
 STUDY_KEYS = {"title", "reference", "about", "metrics", "plot", "defaults", "group", "cluster_rate"}
 GROUP_KEYS = {
     "label",
@@ -405,12 +406,12 @@ def run_study(
     """Run every planned command (``execute`` defaults to the CLI in this process), then write the
     report; returns the outcomes and the report's Markdown path.
 
-    A run that exits with 130 or 143 was interrupted (and said so): the study stops there, keeps the
+    A run that exits with 130, 143 or 129 was interrupted (and said so): the study stops there, keeps the
     finished runs' records, writes no report and returns None for its path.
 
     Raises:
         ValueError: a bad preset or command line, or an output directory that cannot be made.
-        Interrupted: SIGINT or SIGTERM reached the study between runs.
+        Interrupted: SIGINT, SIGTERM or SIGHUP reached the study between runs.
     """
     from commbench.bench.cli import main as cli_main
 
@@ -454,8 +455,10 @@ def run_study(
 
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[Callable[[Callable[[list[str]], int], list[str]], int]]:
-    """SIGINT and SIGTERM raise Interrupted while the study runs, whether they land in a run (whose
-    CLI turns that into exit code 130 or 143) or between runs; the old handlers come back after.
+    """SIGINT, SIGTERM and SIGHUP raise Interrupted while the study runs, whether they land in a run
+    (whose CLI turns that into exit code 130, 143 or 129) or between runs; the old handlers come back
+    after. Without SIGHUP here, a closed terminal ended a study at once between runs, and inside a
+    run ended that run alone (exit 129, taken for a failure) while the study went on to the next.
 
     Yields ``arm(execute, argv)``: ``execute(argv)`` with the handlers set again first, since a run's
     elastic launcher replaces them with its own, which raise SignalException (turned into Interrupted
@@ -465,7 +468,7 @@ def _signals_interrupt() -> Iterator[Callable[[Callable[[list[str]], int], list[
     from commbench.bench.launch import Interrupted
 
     main_thread = threading.current_thread() is threading.main_thread()
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+    old = {s: signal.getsignal(s) for s in signals.STOPS} if main_thread else {}
     watched = [s for s, h in old.items() if h != signal.SIG_IGN]  # an inherited "ignore" stays
     stopped: list[int] = []
 
