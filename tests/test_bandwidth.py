@@ -107,22 +107,30 @@ def _sigterm() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _sighup() -> None:  # a closed terminal
+    os.kill(os.getpid(), signal.SIGHUP)
+
+
 @pytest.mark.parametrize("kinds", [0, 1, 2])
-@pytest.mark.parametrize("stop, code", [(_ctrl_c, 130), (_sigterm, 143)], ids=["sigint", "sigterm"])
+@pytest.mark.parametrize(
+    "stop, code", [(_ctrl_c, 130), (_sigterm, 143), (_sighup, 129)], ids=["sigint", "sigterm", "sighup"]
+)
 def test_a_stopped_run_keeps_the_header_and_the_finished_kinds(
     tmp_path, capsys, monkeypatch, stop, code, kinds
 ):
     def fail(signum, frame):
-        raise AssertionError("SIGTERM reached the test's own handler")
+        raise AssertionError(f"signal {signum} reached the test's own handler")
 
     monkeypatch.setattr(bandwidth, "each_copy", _kinds_then(stop, kinds))
     out = tmp_path / "bw.jsonl"
-    before = signal.signal(signal.SIGTERM, fail)
+    before = {s: signal.signal(s, fail) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         assert main(["bandwidth", "--size", "4K", "--json", str(out)]) == code
-        assert signal.getsignal(signal.SIGTERM) is fail  # the old handler is back
+        for s in before:
+            assert signal.getsignal(s) is fail  # the old handlers are back
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for s, h in before.items():
+            signal.signal(s, h)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("commbench: interrupted") and str(out) in err
     header, *records = read_jsonl(out)

@@ -149,15 +149,15 @@ def format_table(records: list[BandwidthRecord]) -> str:
     return "\n".join(lines)
 
 
-def _sigterm_interrupts() -> contextlib.AbstractContextManager:
-    """SIGTERM raises Interrupted (as Ctrl-C raises KeyboardInterrupt), so the CLI ends the run in
-    one line with exit 143; the old handler comes back after (main thread only)."""
+def _stops_interrupt() -> contextlib.AbstractContextManager:
+    """SIGTERM and SIGHUP raise Interrupted (as Ctrl-C raises KeyboardInterrupt), so the CLI ends
+    the run in one line with exit 143 or 129; the old handlers come back after (main thread only)."""
     from commbench.bench.launch import Interrupted
 
-    def on_sigterm(signum: int, frame: Any) -> None:
+    def on_stop(signum: int, frame: Any) -> None:
         raise Interrupted(signum)
 
-    return signals.handled((signal.SIGTERM,), on_sigterm)
+    return signals.handled((signal.SIGTERM, signal.SIGHUP), on_stop)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     writer = RecordWriter(args.json, None)  # no file when --json is not given
     records: list[BandwidthRecord] = []
     try:
-        with _sigterm_interrupts():
+        with _stops_interrupt():
             if args.json:
                 from commbench.bench.machine import machine_info
 
