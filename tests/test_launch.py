@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commbench.bench import launch, starter
+from commbench.bench import launch, signals, starter
 from commbench.bench.launch import LaunchSpec, RankFailed, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -430,9 +430,9 @@ def test_a_stop_before_the_agent_starts_the_ranks_is_an_interruption(tmp_path, s
 def test_a_launch_puts_back_the_stop_handlers_it_found():
     """The agent leaves its own handlers installed: a Ctrl-C after the launch then raised its
     exception, not KeyboardInterrupt, where nothing catches it."""
-    before = [signal.getsignal(s) for s in launch.STOP_SIGNALS]
+    before = [signal.getsignal(s) for s in signals.STOPS]
     assert run(_world, (), LaunchSpec(world_size=2)) == {0: (0, 2), 1: (1, 2)}
-    assert [signal.getsignal(s) for s in launch.STOP_SIGNALS] == before
+    assert [signal.getsignal(s) for s in signals.STOPS] == before
 
 
 def test_stop_signals_after_the_first_are_swallowed_by_a_python_handler():
@@ -442,13 +442,13 @@ def test_stop_signals_after_the_first_are_swallowed_by_a_python_handler():
     to race condition" (seen in about one run in ten under timeout(1)); a Python no-op takes it."""
     code = (
         "import os, signal\n"
-        "from commbench.bench import launch\n"
+        "from commbench.bench import launch, signals\n"
         "try:\n"
         "    launch._exit_on_signal(signal.SIGTERM, None)\n"
         "except SystemExit as exc:\n"
         "    print('exit', exc.code)\n"
-        "print(all(callable(signal.getsignal(s)) for s in launch.STOP_SIGNALS))\n"
-        "for s in (*launch.STOP_SIGNALS, signal.SIGTERM):\n"
+        "print(all(callable(signal.getsignal(s)) for s in signals.STOPS))\n"
+        "for s in (*signals.STOPS, signal.SIGTERM):\n"
         "    os.kill(os.getpid(), s)\n"
         "print('alive')\n"
     )

@@ -37,7 +37,6 @@ MAX_TIMEOUT_S = 1e7  # 116 days; far larger overflows the launcher's deadline ar
 FAILED_RANK_LINGER_S = 1.0  # see _rank_main
 SCRATCH_REMOVAL_S = 5.0  # see _scratch_dir
 _stopping = False  # this rank is being stopped by a signal
-STOP_SIGNALS = signals.STOPS  # a rank leaves quietly on these
 
 
 class Interrupted(Exception):
@@ -123,7 +122,7 @@ def _rank_main(
         starter.name_rank(os.environ.get("RANK", "?"))
         # Until the group is joined there is nothing to flush: a signal ends the rank at once, even
         # inside the rendezvous' C++ waits, which a Python handler would sit out.
-        for signum in STOP_SIGNALS:
+        for signum in signals.STOPS:
             signal.signal(signum, signal.SIG_DFL)
         unblock_stop()
     try:
@@ -148,7 +147,7 @@ def _rank_main(
                 # Ctrl-C reaches every rank: leave quietly (finally-blocks still flush finished records).
                 # So does a closed terminal's SIGHUP: its default action skipped the exit's clean-up,
                 # and multiprocessing's resource tracker then reported tqdm's lock as leaked.
-                for signum in STOP_SIGNALS:
+                for signum in signals.STOPS:
                     signal.signal(signum, _exit_on_signal)
             return fn(*args)
         except BaseException as exc:
@@ -173,7 +172,7 @@ def _rank_main(
 def unblock_stop() -> None:
     """Let this rank receive the stop signals that its fork server held blocked for it; one that
     reached it while blocked (a Ctrl-C the moment it was forked) acts now."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(signals.STOPS))
 
 
 def _threads() -> int:
@@ -196,7 +195,7 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
     # One signal is enough; a second would interrupt cleanup. Not SIG_IGN: a second signal already
     # pending (timeout(1) and the launcher each send one) then raises "Signal 15 ignored due to
     # race condition" from this very call.
-    for other in STOP_SIGNALS:
+    for other in signals.STOPS:
         signal.signal(other, _already_stopping)
     raise SystemExit(128 + signum)
 

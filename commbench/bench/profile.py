@@ -301,9 +301,6 @@ def _stop_inner(inner: subprocess.Popen, top: Any) -> None:
     psutil.wait_procs(alive, timeout=5.0)
 
 
-STOP_SIGNALS = signals.STOPS
-
-
 def output_dir(path: str) -> Path:
     """``path`` as a directory the profiles can be written into, made if need be (ValueError if not)."""
     out = Path(path)
@@ -483,7 +480,7 @@ def run_profile(
     py_spy = py_spy or find_py_spy()
     # SIGHUP too: the inner command runs in a session of its own, so a closed terminal reaches only
     # this process, which must stop it. Noted, not raised: children first, then what they wrote is kept.
-    with signals.noted(STOP_SIGNALS) as stop:
+    with signals.noted(signals.STOPS) as stop:
         try:
             check_py_spy(py_spy)
         except ValueError:
