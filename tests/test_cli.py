@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from commbench import comm
 from commbench.bench.cli import main
 from commbench.comm import tcp
 from tests import recorded
@@ -97,6 +98,22 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        (tcp.CC_ENV, "no-such-control"),
+        (tcp.NOTSENT_ENV, "lots"),
+        (comm.HOST_FROM_ENV, "big"),
+    ],
+)
+@pytest.mark.parametrize("command", ["sweep", "train"])
+def test_a_bad_setting_in_the_environment_is_one_line_and_exit_2(capsys, monkeypatch, name, value, command):
+    monkeypatch.setenv(name, value)
+    assert main([command, "--world-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"${name}={value!r}" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message where CUDA is absent")
 def test_cuda_without_cuda_is_bad_input(capsys):
     assert main(["sweep", "--device", "cuda"]) == 2
@@ -113,6 +130,7 @@ def test_sweep_writes_table_json_csv_and_plot(recorded_sweep):
     assert header["type"] == "header" and header["torch"] and "sweep" in header["command"]
     assert header["tcp_congestion_control"]["local_connections"] == tcp.summary()["local_connections"]
     assert header["tcp_notsent_lowat"] == tcp.notsent_summary()
+    assert header["gloo_cuda_host_copies_from"] == comm.STAGE_WHOLE_FROM_BYTES
     assert len(records) == len(recorded.SWEEP_SIZES) * (len(recorded.SWEEP_ALGORITHMS) + 1)  # + limit
     assert {r["algorithm"] for r in records} == {*recorded.SWEEP_ALGORITHMS, "p2p"}
     assert sorted({r["size_bytes"] for r in records}) == list(recorded.SWEEP_SIZES)

@@ -258,3 +258,28 @@ def test_only_large_hand_written_calls_on_gloo_with_cuda_tensors_run_on_host_cop
     assert not staged_whole(cuda, "builtin", "gloo", 4 * big)  # gloo stages its own
     assert not staged_whole(cuda, "ring", "nccl", 4 * big)
     assert not staged_whole(cpu, "ring", "gloo", 4 * big)
+
+
+def test_the_environment_moves_where_host_copies_start(monkeypatch):
+    from commbench.comm import HOST_FROM_ENV, NEVER, stage_whole_from
+
+    assert stage_whole_from({}) == stage_whole_from({HOST_FROM_ENV: " auto "}) == STAGE_WHOLE_FROM_BYTES
+    assert stage_whole_from({HOST_FROM_ENV: "0"}) == 0
+    assert stage_whole_from({HOST_FROM_ENV: "16M"}) == 16 << 20
+    assert stage_whole_from({HOST_FROM_ENV: NEVER}) is None
+    for bad in ("-1", "16X", "yes", "1.5M"):
+        with pytest.raises(ValueError, match=rf"^\${HOST_FROM_ENV}='{bad}' is not auto, never or a size"):
+            stage_whole_from({HOST_FROM_ENV: bad})
+    cuda, big = torch.device("cuda", 0), STAGE_WHOLE_FROM_BYTES
+    monkeypatch.setenv(HOST_FROM_ENV, "0")
+    assert staged_whole(cuda, "ring", "gloo", 0) and staged_whole(cuda, "naive", "gloo", 4)
+    assert not staged_whole(cuda, "builtin", "gloo", big)
+    assert not staged_whole(torch.device("cpu"), "ring", "gloo", big)
+    monkeypatch.setenv(HOST_FROM_ENV, "1M")
+    assert staged_whole(cuda, "ring", "gloo", 1 << 20)
+    assert not staged_whole(cuda, "ring", "gloo", (1 << 20) - 1)
+    monkeypatch.setenv(HOST_FROM_ENV, NEVER)
+    assert not staged_whole(cuda, "ring", "gloo", 1 << 40)
+    monkeypatch.setenv(HOST_FROM_ENV, "sometimes")
+    with pytest.raises(ValueError, match="HOST_FROM='sometimes'"):
+        staged_whole(cuda, "ring", "gloo", big)

@@ -211,12 +211,15 @@ def sweep_config(args: argparse.Namespace) -> Any:
 
 
 def launch_spec(args: argparse.Namespace) -> Any:
+    from commbench import comm
     from commbench.bench import launch
     from commbench.comm import tcp
 
-    # A bad $COMMBENCH_LOOPBACK_CC or $COMMBENCH_LOOPBACK_NOTSENT is refused before any rank starts.
+    # A bad $COMMBENCH_LOOPBACK_CC, $COMMBENCH_LOOPBACK_NOTSENT or $COMMBENCH_GLOO_CUDA_HOST_FROM is
+    # refused before any rank starts.
     tcp.setting()
     tcp.notsent_setting()
+    comm.stage_whole_from()
 
     if launch.launched_externally():
         world = launch.external_world_size()

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from commbench import comm
 from commbench.comm import tcp
 
 
@@ -79,6 +80,16 @@ def _command() -> str:
     return shlex.join([name, *sys.argv[1:]])
 
 
+def _host_copies_from() -> int | str:
+    """Bytes from which hand-written gloo calls on CUDA tensors run on host copies, or the setting
+    that gives none (``never``, or what was refused)."""
+    try:
+        start = comm.stage_whole_from()
+    except ValueError:
+        return "invalid: " + os.environ.get(comm.HOST_FROM_ENV, "")
+    return comm.NEVER if start is None else start
+
+
 def machine_info(backend: str | None = None) -> dict[str, Any]:
     """Hostname, CPU, library versions, GPUs, commit and command line of this run."""
     import psutil
@@ -104,6 +115,7 @@ def machine_info(backend: str | None = None) -> dict[str, Any]:
         "gpus": _gpus(),
         "tcp_congestion_control": tcp.summary(),
         "tcp_notsent_lowat": tcp.notsent_summary(),
+        "gloo_cuda_host_copies_from": _host_copies_from(),
         "commit": commit,
         "commit_modified": modified,
         "command": _command(),

@@ -12,7 +12,8 @@ sets the pipeline segment of the algorithms in :data:`SEGMENTED` (default
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from commbench.comm import builtin, naive, p2p, recursive, ring, tree, tuning
 from commbench.comm.ops import DTYPES, OPS, check_op, dtype_name
 from commbench.comm.workspace import Workspace, scratch
+from commbench.units import parse_size
 
 # The registry: adding an algorithm is one module and one line here.
 _IMPLS: dict[str, dict[str, Callable[..., None]]] = {
@@ -243,17 +245,37 @@ WRITE_ONLY_OUTPUT = ("reduce_scatter", "all_gather")  # their first tensor is wr
 # From this message size on, a hand-written algorithm on gloo with CUDA tensors runs wholly on host
 # copies (:func:`_on_host`); below it, p2p stages each message and the reductions stay on the GPU.
 # Each way was measured the faster on its side of this line (docs/PERFORMANCE.md, "On a GPU").
+# $COMMBENCH_GLOO_CUDA_HOST_FROM moves the line on a machine where it lies elsewhere.
 STAGE_WHOLE_FROM_BYTES = 32 << 20
+HOST_FROM_ENV = "COMMBENCH_GLOO_CUDA_HOST_FROM"
+NEVER = "never"
+
+
+def stage_whole_from(environ: Mapping[str, str] | None = None) -> int | None:
+    """The message size from which a hand-written gloo call on CUDA tensors runs on host copies:
+    ``$COMMBENCH_GLOO_CUDA_HOST_FROM`` as a size (``0``: always), ``never`` (None: always staged per
+    message), or :data:`STAGE_WHOLE_FROM_BYTES` when unset or ``auto``.
+
+    Raises:
+        ValueError: neither ``auto``, ``never`` nor a size (one line).
+    """
+    value = (os.environ if environ is None else environ).get(HOST_FROM_ENV, "").strip() or "auto"
+    if value == "auto":
+        return STAGE_WHOLE_FROM_BYTES
+    if value == NEVER:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError:
+        raise ValueError(f"${HOST_FROM_ENV}={value!r} is not auto, {NEVER} or a size (e.g. 0, 16M)") from None
 
 
 def staged_whole(device: torch.device, resolved: str, backend: str, size_bytes: int) -> bool:
-    """Whether a call runs on page-locked host copies of its tensors (:data:`STAGE_WHOLE_FROM_BYTES`)."""
-    return (
-        device.type == "cuda"
-        and backend == "gloo"
-        and resolved != "builtin"
-        and size_bytes >= STAGE_WHOLE_FROM_BYTES
-    )
+    """Whether a call runs on page-locked host copies of its tensors (:func:`stage_whole_from`)."""
+    if device.type != "cuda" or backend != "gloo" or resolved == "builtin":
+        return False
+    start = stage_whole_from()
+    return start is not None and size_bytes >= start
 
 
 def _on_host(collective: str, impl: Callable[..., None], args: tuple, kwargs: dict) -> None:
