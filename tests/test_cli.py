@@ -131,6 +131,7 @@ def test_sweep_writes_table_json_csv_and_plot(recorded_sweep):
     assert header["tcp_congestion_control"]["local_connections"] == tcp.summary()["local_connections"]
     assert header["tcp_notsent_lowat"] == tcp.notsent_summary()
     assert header["gloo_cuda_host_copies_from"] == comm.STAGE_WHOLE_FROM_BYTES
+    assert header["torch_threads"] == int(os.environ.get("OMP_NUM_THREADS", "1"))  # 2 ranks: 1 each
     assert len(records) == len(recorded.SWEEP_SIZES) * (len(recorded.SWEEP_ALGORITHMS) + 1)  # + limit
     assert {r["algorithm"] for r in records} == {*recorded.SWEEP_ALGORITHMS, "p2p"}
     assert sorted({r["size_bytes"] for r in records}) == list(recorded.SWEEP_SIZES)

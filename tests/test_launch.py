@@ -230,6 +230,22 @@ def test_a_rank_keeps_what_the_agent_set_and_applies_threads_set_after_the_serve
     assert done.stdout.strip() == "[(0, ('0', 3)), (1, ('1', 3))]"
 
 
+@pytest.mark.parametrize(
+    "omp, local_world, threads",
+    [(None, "2", 1), (None, "4", 1), (None, "1", 16), (None, None, 16), ("3", "4", 3), ("x", "2", 1)],
+)
+def test_a_rank_gets_one_thread_where_a_host_runs_several_as_under_torchrun(
+    monkeypatch, omp, local_world, threads
+):
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 16)
+    for name, value in (("OMP_NUM_THREADS", omp), ("LOCAL_WORLD_SIZE", local_world)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert launch._threads() == threads
+
+
 STUCK_SERVER = """
 import sys, time
 from commbench.bench import cli, starter

@@ -177,16 +177,19 @@ def unblock_stop() -> None:
 
 def _threads() -> int:
     """Torch's threads in a rank: OMP_NUM_THREADS if set (applied here, as a rank forked from the
-    fork server has torch loaded already), else, as torchrun does, the cores shared out among the
-    local ranks, so that they do not oversubscribe them."""
+    fork server has torch loaded already), else one where a host runs several ranks, which is what
+    torchrun sets, and every core for a rank alone. Sharing the cores out instead (8 threads for
+    each of 2 ranks on 16 cores) made gloo with CUDA tensors lose to its own calls: the hand-written
+    reductions on host copies took the cores gloo's threads needed (docs/PERFORMANCE.md, "On a GPU")."""
     try:
         given = int(os.environ.get("OMP_NUM_THREADS", ""))
     except ValueError:
         given = 0
     if given >= 1:
         return given
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return max(1, (os.cpu_count() or 1) // local_world)
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+        return 1
+    return max(1, os.cpu_count() or 1)
 
 
 def _exit_on_signal(signum: int, frame: Any) -> None:

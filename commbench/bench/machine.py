@@ -106,6 +106,7 @@ def machine_info(backend: str | None = None) -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "cpu_logical_cores": os.cpu_count(),
         "cpu_physical_cores": psutil.cpu_count(logical=False),
+        "torch_threads": torch.get_num_threads(),
         "memory_bytes": psutil.virtual_memory().total,
         "python": platform.python_version(),
         "torch": torch.__version__,
