@@ -250,14 +250,15 @@ def test_scratch_memory_is_what_the_cost_model_says(worlds, world_size):
         assert tuple(held[key] for held in per_rank) == model, key
 
 
-def test_only_large_hand_written_calls_on_gloo_with_cuda_tensors_run_on_host_copies():
+def test_hand_written_calls_on_gloo_with_cuda_tensors_run_on_host_copies(monkeypatch):
     """No CUDA needed: the choice is made from the device's type, the backend and the size alone."""
-    cuda, cpu, big = torch.device("cuda", 0), torch.device("cpu"), STAGE_WHOLE_FROM_BYTES
-    assert staged_whole(cuda, "ring", "gloo", big) and staged_whole(cuda, "naive", "gloo", 4 * big)
-    assert not staged_whole(cuda, "ring", "gloo", big - 1)  # p2p stages each message instead
-    assert not staged_whole(cuda, "builtin", "gloo", 4 * big)  # gloo stages its own
-    assert not staged_whole(cuda, "ring", "nccl", 4 * big)
-    assert not staged_whole(cpu, "ring", "gloo", 4 * big)
+    monkeypatch.delenv("COMMBENCH_GLOO_CUDA_HOST_FROM", raising=False)
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert STAGE_WHOLE_FROM_BYTES == 0  # every size (docs/PERFORMANCE.md, "Threads per rank on a GPU host")
+    assert staged_whole(cuda, "ring", "gloo", 0) and staged_whole(cuda, "naive", "gloo", 64 << 20)
+    assert not staged_whole(cuda, "builtin", "gloo", 64 << 20)  # gloo stages its own
+    assert not staged_whole(cuda, "ring", "nccl", 64 << 20)
+    assert not staged_whole(cpu, "ring", "gloo", 64 << 20)
 
 
 def test_the_environment_moves_where_host_copies_start(monkeypatch):
@@ -270,7 +271,7 @@ def test_the_environment_moves_where_host_copies_start(monkeypatch):
     for bad in ("-1", "16X", "yes", "1.5M"):
         with pytest.raises(ValueError, match=rf"^\${HOST_FROM_ENV}='{bad}' is not auto, never or a size"):
             stage_whole_from({HOST_FROM_ENV: bad})
-    cuda, big = torch.device("cuda", 0), STAGE_WHOLE_FROM_BYTES
+    cuda, big = torch.device("cuda", 0), 64 << 20
     monkeypatch.setenv(HOST_FROM_ENV, "0")
     assert staged_whole(cuda, "ring", "gloo", 0) and staged_whole(cuda, "naive", "gloo", 4)
     assert not staged_whole(cuda, "builtin", "gloo", big)

@@ -15,17 +15,20 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.gpu
 
 
-def _all_cases(stage_whole_from: int | None = None) -> list[str]:
+def _all_cases(host_from: str | None = None) -> list[str]:
     """Every collective, algorithm and a few dtypes/ops/sizes on CUDA tensors; returns failures.
-    ``stage_whole_from`` moves the size from which gloo's calls run on host copies."""
+    ``host_from`` sets $COMMBENCH_GLOO_CUDA_HOST_FROM, the size from which gloo's calls run on
+    host copies (below it each message is staged)."""
+    import os
+
     import torch
     import torch.distributed as dist
 
     from commbench import comm
     from commbench.bench.collectives import SPECS
 
-    if stage_whole_from is not None:
-        comm.STAGE_WHOLE_FROM_BYTES = stage_whole_from
+    if host_from is not None:
+        os.environ[comm.HOST_FROM_ENV] = host_from
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device())
     failures = []
@@ -52,9 +55,9 @@ def test_nccl_world_of_one():
     assert results == {0: []}
 
 
-@pytest.mark.parametrize("stage_whole_from", [None, 0], ids=["default", "all-on-host-copies"])
-def test_gloo_with_cuda_tensors_at_two_ranks(stage_whole_from):
-    results = run(_all_cases, (stage_whole_from,), LaunchSpec(world_size=2, device="cuda", backend="gloo"))
+@pytest.mark.parametrize("host_from", [None, "1M"], ids=["default", "staged-below-1M"])
+def test_gloo_with_cuda_tensors_at_two_ranks(host_from):
+    results = run(_all_cases, (host_from,), LaunchSpec(world_size=2, device="cuda", backend="gloo"))
     assert results == {0: [], 1: []}
 
 

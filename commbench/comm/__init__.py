@@ -244,9 +244,11 @@ def _prepare(
 WRITE_ONLY_OUTPUT = ("reduce_scatter", "all_gather")  # their first tensor is written, never read
 # From this message size on, a hand-written algorithm on gloo with CUDA tensors runs wholly on host
 # copies (:func:`_on_host`); below it, p2p stages each message and the reductions stay on the GPU.
-# Each way was measured the faster on its side of this line (docs/PERFORMANCE.md, "On a GPU").
-# $COMMBENCH_GLOO_CUDA_HOST_FROM moves the line on a machine where it lies elsewhere.
-STAGE_WHOLE_FROM_BYTES = 32 << 20
+# With one torch thread per rank (the launcher's default and torchrun's), whole host copies were
+# the faster way at every size from 1 to 64 MiB on 2 and 4 ranks of an H100 host, hence 0; staging
+# each message won below 32 MiB only where each rank ran many threads (docs/PERFORMANCE.md, "Threads
+# per rank on a GPU host"). $COMMBENCH_GLOO_CUDA_HOST_FROM moves the line.
+STAGE_WHOLE_FROM_BYTES = 0
 HOST_FROM_ENV = "COMMBENCH_GLOO_CUDA_HOST_FROM"
 NEVER = "never"
 
@@ -282,8 +284,8 @@ def _on_host(collective: str, impl: Callable[..., None], args: tuple, kwargs: di
     """Run ``impl`` on page-locked host copies of its CUDA tensors, then copy the result (the first
     tensor) back: gloo moves host memory only, so this is what its own collectives do with CUDA
     tensors. Staging each message instead (a host copy per segment sent, a page-locked buffer per
-    segment received) cost half of gloo's speed at 64 MiB on two ranks; below 16 MiB it was the
-    faster way (docs/PERFORMANCE.md, "On a GPU").
+    segment received) cost half of gloo's speed at 32 and 64 MiB on two ranks of an H100 host
+    (docs/PERFORMANCE.md, "On a GPU").
     """
     workspace = kwargs.get("workspace")
     host = list(args)
