@@ -106,12 +106,26 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
         (comm.HOST_FROM_ENV, "big"),
     ],
 )
-@pytest.mark.parametrize("command", ["sweep", "train"])
-def test_a_bad_setting_in_the_environment_is_one_line_and_exit_2(capsys, monkeypatch, name, value, command):
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sweep", "--world-size", "2"],
+        ["train", "--world-size", "2"],
+        ["cluster", "--hosts", "2", "--", "sweep"],  # before a namespace is made
+        ["study", "000_backbones", "--tiny", "-q"],  # before any run starts
+    ],
+    ids=["sweep", "train", "cluster", "study"],
+)
+def test_a_bad_setting_in_the_environment_is_one_line_and_exit_2(
+    capsys, monkeypatch, tmp_path, name, value, argv
+):
     monkeypatch.setenv(name, value)
-    assert main([command, "--world-size", "2"]) == 2
+    if argv[0] == "study":
+        argv = [*argv, "-o", str(tmp_path / "st")]
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"${name}={value!r}" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not list(tmp_path.iterdir())  # the study made nothing
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message where CUDA is absent")
@@ -120,8 +134,11 @@ def test_cuda_without_cuda_is_bad_input(capsys):
     assert "CUDA is not available" in capsys.readouterr().err
 
 
-def test_sweep_writes_table_json_csv_and_plot(recorded_sweep):
+def test_sweep_writes_table_json_csv_and_plot(recorded_sweep, monkeypatch):
+    from commbench.bench import launch
+
     out = recorded_sweep
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(recorded.SWEEP_WORLD))  # as in each of its ranks
     assert "busbw(GB/s)" in out.stdout and "limit" in out.stdout
     lines = out.records()
     header, records = lines[0], [r for r in lines[1:] if r["type"] == "sweep"]
@@ -130,8 +147,8 @@ def test_sweep_writes_table_json_csv_and_plot(recorded_sweep):
     assert header["type"] == "header" and header["torch"] and "sweep" in header["command"]
     assert header["tcp_congestion_control"]["local_connections"] == tcp.summary()["local_connections"]
     assert header["tcp_notsent_lowat"] == tcp.notsent_summary()
-    assert header["gloo_cuda_host_copies_from"] == comm.STAGE_WHOLE_FROM_BYTES
-    assert header["torch_threads"] == int(os.environ.get("OMP_NUM_THREADS", "1"))  # 2 ranks: 1 each
+    assert header["gloo_cuda_host_copies_from"] == comm.stage_whole_from()
+    assert header["torch_threads"] == launch._threads()  # what the rank applied (the rule: test_launch)
     assert len(records) == len(recorded.SWEEP_SIZES) * (len(recorded.SWEEP_ALGORITHMS) + 1)  # + limit
     assert {r["algorithm"] for r in records} == {*recorded.SWEEP_ALGORITHMS, "p2p"}
     assert sorted({r["size_bytes"] for r in records}) == list(recorded.SWEEP_SIZES)
@@ -849,13 +866,13 @@ def test_a_sweep_whose_buffers_exceed_the_memory_is_refused_before_any_rank(tmp_
     ],
 )
 def test_the_ranks_sharing_a_host_under_torchrun_or_slurm(env, local, monkeypatch):
-    from commbench.bench import cli
+    from commbench.bench import launch
 
     for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert cli._local_ranks() == local
+    assert launch.local_ranks() == local
 
 
 def test_no_fork_server_is_started_for_ranks_that_will_be_spawned(monkeypatch):

@@ -231,19 +231,36 @@ def test_a_rank_keeps_what_the_agent_set_and_applies_threads_set_after_the_serve
 
 
 @pytest.mark.parametrize(
-    "omp, local_world, threads",
-    [(None, "2", 1), (None, "4", 1), (None, "1", 16), (None, None, 16), ("3", "4", 3), ("x", "2", 1)],
+    "omp, local_world, slurm_per_node, threads",
+    [
+        (None, "2", None, 1),
+        (None, "4", None, 1),
+        (None, "1", None, 16),
+        (None, None, None, 16),
+        (None, None, "4(x2)", 1),  # srun: SLURM's count of tasks on this node
+        ("3", "4", None, 3),
+        ("x", "2", None, 1),
+    ],
 )
 def test_a_rank_gets_one_thread_where_a_host_runs_several_as_under_torchrun(
-    monkeypatch, omp, local_world, threads
+    monkeypatch, omp, local_world, slurm_per_node, threads
 ):
-    monkeypatch.setattr(launch.os, "cpu_count", lambda: 16)
-    for name, value in (("OMP_NUM_THREADS", omp), ("LOCAL_WORLD_SIZE", local_world)):
+    monkeypatch.setattr(launch, "_cores", lambda: 16)
+    for name, value in (
+        ("OMP_NUM_THREADS", omp),
+        ("LOCAL_WORLD_SIZE", local_world),
+        ("SLURM_NTASKS_PER_NODE", slurm_per_node),
+    ):
         if value is None:
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, value)
     assert launch._threads() == threads
+
+
+def test_a_rank_alone_gets_the_cores_it_may_run_on():
+    expected = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert launch._cores() == expected >= 1
 
 
 STUCK_SERVER = """

@@ -210,16 +210,21 @@ def sweep_config(args: argparse.Namespace) -> Any:
     )
 
 
-def launch_spec(args: argparse.Namespace) -> Any:
+def check_environment() -> None:
+    """Refuse a bad $COMMBENCH_LOOPBACK_CC, $COMMBENCH_LOOPBACK_NOTSENT or
+    $COMMBENCH_GLOO_CUDA_HOST_FROM (ValueError, one line) before anything starts."""
     from commbench import comm
-    from commbench.bench import launch
     from commbench.comm import tcp
 
-    # A bad $COMMBENCH_LOOPBACK_CC, $COMMBENCH_LOOPBACK_NOTSENT or $COMMBENCH_GLOO_CUDA_HOST_FROM is
-    # refused before any rank starts.
     tcp.setting()
     tcp.notsent_setting()
     comm.stage_whole_from()
+
+
+def launch_spec(args: argparse.Namespace) -> Any:
+    from commbench.bench import launch
+
+    check_environment()
 
     if launch.launched_externally():
         world = launch.external_world_size()
@@ -282,16 +287,6 @@ def _check_some_size_fits(config: Any, world: int) -> None:
         )
 
 
-def _local_ranks() -> int:
-    """Ranks on this host of a launch made by torchrun or SLURM (1 where neither says)."""
-    env = os.environ
-    text = env.get("LOCAL_WORLD_SIZE") or env.get("SLURM_NTASKS_PER_NODE") or "1"
-    try:
-        return max(1, int(text.split("(")[0]))
-    except ValueError:
-        return 1
-
-
 def check_sweep_memory(config: Any, spec: Any, local: int | None = None) -> None:
     """Refuse a CPU sweep whose buffers exceed the memory available on this host: its ranks would
     be killed (or fail to allocate) at the largest size, after the smaller ones had run.
@@ -305,7 +300,7 @@ def check_sweep_memory(config: Any, spec: Any, local: int | None = None) -> None
     if spec.device != "cpu":
         return
     if local is None:
-        local = _local_ranks() if launch.launched_externally() else spec.world_size
+        local = launch.local_ranks() if launch.launched_externally() else spec.world_size
     # Which ranks share this host is not known before they start: count the ones with most scratch.
     scratch = sorted(scratch_per_rank(config, spec.world_size), reverse=True)[:local]
     need = local * buffer_bytes(config, spec.world_size) + sum(scratch)

@@ -155,8 +155,9 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
         args: the parsed command line.
         privileges: raises ValueError when the cluster cannot be built (default: the real check).
     """
-    from commbench.bench.cli import build_parser
+    from commbench.bench.cli import build_parser, check_environment
 
+    check_environment()  # the hosts' ranks would each refuse it, after the cluster was built
     config = config_from_args(args)
     inner = build_parser().parse_args(list(config.inner))  # bad inner input: exit 2 before building
     _check_outputs(inner)

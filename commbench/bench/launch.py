@@ -94,6 +94,16 @@ def _adopt_slurm_env() -> None:
         env.setdefault("MASTER_PORT", "29500")
 
 
+def local_ranks() -> int:
+    """Ranks on this host of a launch made by torchrun or SLURM (1 where neither says)."""
+    env = os.environ
+    text = env.get("LOCAL_WORLD_SIZE") or env.get("SLURM_NTASKS_PER_NODE") or "1"
+    try:
+        return max(1, int(text.split("(")[0]))
+    except ValueError:
+        return 1
+
+
 def external_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
 
@@ -177,19 +187,29 @@ def unblock_stop() -> None:
 
 def _threads() -> int:
     """Torch's threads in a rank: OMP_NUM_THREADS if set (applied here, as a rank forked from the
-    fork server has torch loaded already), else one where a host runs several ranks, which is what
-    torchrun sets, and every core for a rank alone. Sharing the cores out instead (8 threads for
-    each of 2 ranks on 16 cores) made gloo with CUDA tensors lose to its own calls: the hand-written
-    reductions on host copies took the cores gloo's threads needed (docs/PERFORMANCE.md, "On a GPU")."""
+    fork server has torch loaded already), else one where a host runs several ranks (torchrun's or
+    SLURM's count, or this launcher's), which is what torchrun sets, and every core this process
+    may use for a rank alone. Sharing the cores out instead (8 threads for each of 2 ranks on 16
+    cores) made gloo with CUDA tensors lose to its own calls: the hand-written reductions on host
+    copies took the cores gloo's threads needed (docs/PERFORMANCE.md, "Threads per rank on a GPU
+    host")."""
     try:
         given = int(os.environ.get("OMP_NUM_THREADS", ""))
     except ValueError:
         given = 0
     if given >= 1:
         return given
-    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+    if local_ranks() > 1:
         return 1
-    return max(1, os.cpu_count() or 1)
+    return _cores()
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity where the platform says, else all)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
 
 
 def _exit_on_signal(signum: int, frame: Any) -> None:

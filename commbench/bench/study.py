@@ -316,6 +316,7 @@ def validate(planned: Sequence[Planned]) -> list[Planned]:
     bad); returns the runs that ask for ``--device cuda``."""
     from commbench.bench import cli
 
+    cli.check_environment()  # every run would refuse it on its own
     parser = cli.build_parser()
     on_cuda = []
     for p in planned:

@@ -216,6 +216,7 @@ def _prepare(
             segment_bytes or 0,
         )
         device = tensor.device
+        staged = staged_whole(device, resolved, dist.get_backend(group), size_bytes)
     except (ValueError, TypeError) as exc:
         error, fields, device = exc, _INVALID, _local_device(group)
     if check and world > 1:
@@ -226,8 +227,6 @@ def _prepare(
                 raise
     if error is not None:
         raise error
-
-    staged = staged_whole(device, resolved, dist.get_backend(group), size_bytes)
 
     def run(*args, **kwargs) -> None:
         if segment_bytes is not None and resolved in SEGMENTED:
@@ -244,10 +243,11 @@ def _prepare(
 WRITE_ONLY_OUTPUT = ("reduce_scatter", "all_gather")  # their first tensor is written, never read
 # From this message size on, a hand-written algorithm on gloo with CUDA tensors runs wholly on host
 # copies (:func:`_on_host`); below it, p2p stages each message and the reductions stay on the GPU.
-# With one torch thread per rank (the launcher's default and torchrun's), whole host copies were
-# the faster way at every size from 1 to 64 MiB on 2 and 4 ranks of an H100 host, hence 0; staging
-# each message won below 32 MiB only where each rank ran many threads (docs/PERFORMANCE.md, "Threads
-# per rank on a GPU host"). $COMMBENCH_GLOO_CUDA_HOST_FROM moves the line.
+# With one torch thread per rank (the launcher's default and torchrun's), on an H100 host, whole
+# host copies were the faster way at every size from 1 to 64 MiB on 4 ranks and from 32 MiB on 2,
+# and level with staging each message below that on 2, hence 0; staging won clearly only where
+# each rank ran many threads (docs/PERFORMANCE.md, "Threads per rank on a GPU host").
+# $COMMBENCH_GLOO_CUDA_HOST_FROM moves the line.
 STAGE_WHOLE_FROM_BYTES = 0
 HOST_FROM_ENV = "COMMBENCH_GLOO_CUDA_HOST_FROM"
 NEVER = "never"
