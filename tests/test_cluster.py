@@ -151,6 +151,9 @@ def test_a_failed_build_step_is_one_line_and_exit_1(monkeypatch, capsys):
     "argv, message",
     [
         (["--hosts", "0", "--", "sweep"], "--hosts must be in 1.."),
+        (["--", "sweep"], "--hosts is required"),
+        # argparse checked --hosts, which the unknown option's run of tokens swallowed, first.
+        (["--bandwidth", "1gbit", "--hosts", "2", "sweep"], "unrecognized arguments: --bandwidth"),
         (["--hosts", "2", "--rate", "1gbps", "--", "sweep"], "bad rate"),
         (["--hosts", "2", "--", "sweep", "--world-size", "4"], "--world-size is set by the cluster"),
         (["--hosts", "2", "--", "sweep", "--world-size=4"], "--world-size is set by the cluster"),

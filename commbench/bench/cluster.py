@@ -105,7 +105,9 @@ def add_parser(sub: Any) -> None:
         "CAP_SYS_ADMIN) and iproute2. Example: "
         "commbench cluster --hosts 4 --rate 1gbit -- sweep -a naive,ring",
     )
-    p.add_argument("--hosts", type=int, required=True, help="hosts, one rank each")
+    # Required, but checked in config_from_args: argparse checks required options before it reports
+    # unknown ones, so an unknown option before --hosts was reported as --hosts missing.
+    p.add_argument("--hosts", type=int, default=None, help="hosts, one rank each (required)")
     p.add_argument("--rate", default="1gbit", help="link rate each way, tc style: 100mbit, 1gbit (default)")
     p.add_argument(
         "--burst",
@@ -129,6 +131,8 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
     inner = list(args.inner)
     if inner and inner[0] == "--":
         inner = inner[1:]
+    if args.hosts is None:
+        raise ValueError("--hosts is required (one rank per host): commbench cluster --hosts 4 -- sweep")
     shaping = Shaping(
         rate_bit=netns.parse_rate(args.rate),
         burst_bytes=parse_size(args.burst) if args.burst else None,
