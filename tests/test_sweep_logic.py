@@ -126,7 +126,7 @@ def test_poisoned_output_is_all_wrong():
 
 
 @pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])
-@pytest.mark.parametrize("world", [1, 2, 5])
+@pytest.mark.parametrize("world", [1, 2, 5, 16])
 def test_closed_form_matches_reducing_the_patterns(op, world):
     inputs = torch.stack([pattern(r, 23, op, torch.float64, torch.device("cpu")) for r in range(world)])
     direct = {
@@ -137,6 +137,69 @@ def test_closed_form_matches_reducing_the_patterns(op, world):
         "prod": inputs.prod(0),
     }[op]
     assert torch.equal(reduced_pattern(world, 23, op, torch.float64, torch.device("cpu")), direct)
+
+
+CPU = torch.device("cpu")
+OPS = ["sum", "avg", "max", "min", "prod"]
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("world", [1, 2, 4, 7, 8, 14, 19, 64])
+def test_every_expected_result_varies_and_a_shifted_one_does_not_pass(op, world):
+    """With a pattern that repeats every 7 (or 2) elements, prod at an even world, max and min
+    from 7 ranks and sum at 7 and 14 ranks expected one value everywhere: data in the wrong place
+    passed the check."""
+    expected = reduced_pattern(world, 4096, op, torch.float64, CPU)
+    assert expected.unique().numel() >= 2
+    for shift in (1, 2, 7, 64, 1024):
+        assert count_wrong(torch.roll(expected, shift), expected) > 100, shift
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "max"])
+@pytest.mark.parametrize("world, per_rank", [(2, 7), (2, 256), (4, 14), (8, 1024), (7, 49)])
+def test_a_chunk_handed_to_the_wrong_rank_is_counted(op, world, per_rank):
+    from commbench.bench.collectives import SPECS
+
+    spec = SPECS["reduce_scatter"]
+    whole = reduced_pattern(world, per_rank * world, op, torch.float32, CPU)
+    for rank in range(world):
+        b = spec.make(per_rank * world, torch.float32, CPU, rank, world, op, 0)
+        b.output.copy_(whole[rank * per_rank : (rank + 1) * per_rank])
+        assert spec.wrong(b, op, rank, world, 0) == 0
+        other = (rank + 1) % world
+        if other != rank:
+            b.output.copy_(whole[other * per_rank : (other + 1) * per_rank])
+            assert spec.wrong(b, op, rank, world, 0) > 0, (rank, other)
+
+
+def test_every_rank_gives_a_different_block_to_gather():
+    blocks = [pattern(r, 512, "sum", torch.float64, CPU) for r in range(64)]
+    for r in range(64):
+        for q in range(r):
+            assert count_wrong(blocks[r], blocks[q]) > 0, (r, q)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("world", [1, 2, 5, 19])
+def test_an_offset_window_is_that_part_of_the_whole(op, world):
+    for r in (0, world - 1):
+        whole = pattern(r, 70000, op, torch.float64, CPU)
+        for offset in (0, 5, 65520, 65530):
+            assert torch.equal(pattern(r, 400, op, torch.float64, CPU, offset), whole[offset : offset + 400])
+    whole = reduced_pattern(world, 70000, op, torch.float64, CPU)
+    assert torch.equal(reduced_pattern(world, 400, op, torch.float64, CPU, 65530), whole[65530:65930])
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32])
+@pytest.mark.parametrize("op", ["sum", "prod"])
+def test_integer_results_wrap_around_as_the_ranks_own_arithmetic_does(dtype, op):
+    world = 40  # sums of up to 280 and products up to 2**40: both wrap in 8 bits, products in 32
+    acc = pattern(0, 3000, op, dtype, CPU)
+    for r in range(1, world):
+        acc = (
+            acc * pattern(r, 3000, op, dtype, CPU) if op == "prod" else acc + pattern(r, 3000, op, dtype, CPU)
+        )
+    assert count_wrong(acc, reduced_pattern(world, 3000, op, dtype, CPU)) == 0
 
 
 def _sweep_one_rank(tmp_path, monkeypatch, **fields) -> tuple[SweepConfig, list[str], list, list]:

@@ -4,12 +4,17 @@ Each entry says how a message size maps to element counts, makes and fills its b
 closed-form pattern, runs one call, and counts wrong elements against the closed-form result.
 Adding a collective is one class here and one line in ``SPECS``; the driver never changes.
 
-The pattern: element i of rank r holds 1 + (r + i) mod P (P = 2 for prod, else 7), so every
-reduction has an exact expected value for small world sizes in every dtype.
+The pattern: element i of rank r holds a small whole number, 1 to 7 (1 or 2 for prod), so that
+every reduction has an exact expected value in every dtype. It is made of a part that depends on
+i alone and a part that depends on i and r, each drawn from a fixed hash of the index, and it
+repeats only every :data:`PERIOD` elements. So the expected result of every op varies from
+element to element at any world size, and data in the wrong place (a chunk sent to the wrong
+rank, a result shifted by a few elements, one rank's part missing) differs from it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,37 +37,65 @@ class Buffers:
     reference: torch.Tensor
 
 
-def _period(op: str) -> int:
-    return 2 if op == "prod" else 7
+PERIOD = 65521  # the largest prime below 2**16: a rank's pattern repeats after this many elements
+RANK_STRIDE = 7919  # a prime: rank r's index-and-rank part is rank 0's moved on by r * RANK_STRIDE
 
 
-def pattern(rank: int, count: int, op: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Rank ``rank``'s input: 1 + (rank + i) mod P for i in range(count).
+@functools.lru_cache(maxsize=4)
+def _hashed(salt: int, values: int) -> torch.Tensor:
+    """One period of a fixed pseudo-random sequence of 0 .. values-1 (the same on every machine)."""
+    out = []
+    for j in range(PERIOD):
+        h = (j * 2654435761 + salt) & 0xFFFFFFFF
+        h = ((h ^ (h >> 15)) * 2246822519) & 0xFFFFFFFF
+        out.append((h ^ (h >> 13)) % values)
+    return torch.tensor(out, dtype=torch.int64)
 
-    Elements k .. k+n of it are ``pattern(rank + k, n, ...)``."""
-    period = _period(op)
-    base = torch.tensor([1 + (rank + j) % period for j in range(period)], dtype=dtype, device=device)
-    reps = -(-count // period) if count else 0
-    return base.repeat(reps)[:count].contiguous()
+
+@functools.lru_cache(maxsize=8)
+def _period_of(rank: int, op: str) -> torch.Tensor:
+    """Elements 0 .. PERIOD-1 of rank ``rank``'s input (int64, on the CPU)."""
+    moved = (torch.arange(PERIOD) + rank * RANK_STRIDE) % PERIOD
+    if op == "prod":  # products of 1s and 2s: exact while 2**world fits the dtype
+        return 1 + _hashed(0x5EED, 2)[moved]
+    return 1 + 2 * _hashed(0xC0FFEE, 3) + _hashed(0xBEEF, 3)[moved]
+
+
+def _window(one_period: torch.Tensor, count: int, offset: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Elements offset .. offset+count of the sequence that repeats ``one_period``."""
+    if count == 0:
+        return torch.empty(0, dtype=dtype, device=device)
+    base = torch.roll(one_period, -(offset % PERIOD)).to(dtype=dtype, device=device)
+    return base.repeat(-(-count // PERIOD))[:count].contiguous()
+
+
+def pattern(
+    rank: int, count: int, op: str, dtype: torch.dtype, device: torch.device, offset: int = 0
+) -> torch.Tensor:
+    """Elements offset .. offset+count of rank ``rank``'s input for ``op``."""
+    return _window(_period_of(rank, op), count, offset, dtype, device)
+
+
+@functools.lru_cache(maxsize=8)
+def _reduced_period(world: int, op: str) -> torch.Tensor:
+    """One period of the reduction over ranks 0 .. world-1 (float64, exact: the values are small)."""
+    step = {"sum": torch.add, "avg": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum}
+    acc = _period_of(0, op).double()
+    for r in range(1, world):
+        acc = step[op](acc, _period_of(r, op).double())
+    return acc / world if op == "avg" else acc
 
 
 def reduced_pattern(
     world: int, count: int, op: str, dtype: torch.dtype, device: torch.device, offset: int = 0
 ):
     """The reduction over all ranks of elements offset .. offset+count of the pattern."""
-    period = _period(op)
-    vals = torch.tensor(
-        [[1 + (r + j) % period for j in range(period)] for r in range(world)], dtype=torch.float64
-    )
-    table = {
-        "sum": vals.sum(0),
-        "avg": vals.sum(0) / world,
-        "prod": vals.prod(0),
-        "max": vals.max(0).values,
-        "min": vals.min(0).values,
-    }[op]
-    idx = (torch.arange(count) + offset) % period
-    return table[idx].to(dtype=dtype, device=device)
+    table = _reduced_period(world, op)
+    if not dtype.is_floating_point and op != "avg" and torch.iinfo(dtype).bits < 64:
+        # Integer sums and products wrap around as the ranks' own additions do (int8 from 19 ranks).
+        info = torch.iinfo(dtype)
+        table = (table.to(torch.int64) - info.min) % (1 << info.bits) + info.min
+    return _window(table, count, offset, dtype, device)
 
 
 def poison(t: torch.Tensor) -> None:
@@ -200,11 +233,11 @@ class AllGather(_Spec):
         out, m = b.output, b.input.numel()
 
         def expected_at(a: int, n: int) -> torch.Tensor:
-            # Rank r's input fills elements r*m .. (r+1)*m; element j of it is pattern(r + j, 1).
+            # Rank r's input fills elements r*m .. (r+1)*m.
             parts = []
             for r in range(a // m, (a + n - 1) // m + 1):
                 lo, hi = max(a, r * m), min(a + n, (r + 1) * m)
-                parts.append(pattern(r + lo - r * m, hi - lo, "sum", out.dtype, out.device))
+                parts.append(pattern(r, hi - lo, "sum", out.dtype, out.device, lo - r * m))
             return torch.cat(parts)
 
         return count_wrong_at(out, expected_at)
@@ -226,7 +259,7 @@ class Broadcast(_Spec):
 
     def wrong(self, b, op, rank, world, root) -> int:
         out = b.output
-        return count_wrong_at(out, lambda a, n: pattern(root + a, n, "sum", out.dtype, out.device))
+        return count_wrong_at(out, lambda a, n: pattern(root, n, "sum", out.dtype, out.device, a))
 
 
 class Reduce(_Spec):
@@ -287,7 +320,7 @@ class SendRecv(_Spec):
 
     def wrong(self, b, op, rank, world, root) -> int:
         out, left = b.output, (rank - 1) % world
-        return count_wrong_at(out, lambda a, n: pattern(left + a, n, "sum", out.dtype, out.device))
+        return count_wrong_at(out, lambda a, n: pattern(left, n, "sum", out.dtype, out.device, a))
 
 
 SPECS: dict[str, _Spec] = {
