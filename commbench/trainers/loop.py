@@ -378,9 +378,9 @@ class Trainer:
             torch.stack(self.losses).double().cpu() if self.losses else torch.zeros(0, dtype=torch.float64)
         )
         if self.world > 1 and not self._single_process():
-            both = torch.cat([times.flatten(), losses])
+            both = torch.cat([times.flatten(), losses]).to(self.device)  # NCCL takes CUDA tensors only
             dist.all_reduce(both)
-            both /= self.world
+            both = both.cpu() / self.world
             times, losses = both[: times.numel()].reshape(times.shape), both[times.numel() :]
         self.times, self.losses = [], []
         return times, losses
