@@ -44,6 +44,9 @@ SUMMARY_KEYS = (
         (["train", "--lr", "0"], "lr"),
         (["train", "--lr", "nan"], "lr"),
         (["train", "--bucket-cap-mb", "-1"], "bucket cap"),
+        # Under a byte, the cap used to pass here and fail ddp's byte count after a whole epoch.
+        (["train", "--bucket-cap-mb", "1e-7"], "bucket cap mb must be at least 1 byte"),
+        (["train", "--first-bucket-mb", "1e-7"], "first bucket mb must be at least 1 byte"),
         (["train", "--transport", "pigeon"], "invalid choice"),
         (["train", "--momentum", "1"], "momentum"),
         (["train", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),

@@ -99,6 +99,11 @@ class TrainConfig:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name.replace('_', ' ')} must be a finite number > 0, got {value}")
+        for name in ("bucket_cap_mb", "first_bucket_mb"):  # used as whole bytes
+            if int(getattr(self, name) * MiB) < 1:
+                raise ValueError(
+                    f"{name.replace('_', ' ')} must be at least 1 byte, got {getattr(self, name)} MiB"
+                )
         if not (0 <= self.momentum < 1):
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.lr_scaling not in LR_SCALINGS:
@@ -212,10 +217,19 @@ class TrainSummary:
 
 
 def wire_bytes_per_sync(
-    strategy: str, world: int, numels: Sequence[int], itemsize: int, config: TrainConfig
+    strategy: str,
+    world: int,
+    numels: Sequence[int],
+    itemsize: int,
+    config: TrainConfig,
+    buffer_bytes: int = 0,
 ) -> tuple[list[int], list[int]] | None:
     """Each rank's (sent, received) bytes per sync for ``strategy``, from the cost model; None where
-    the strategy's traffic is not modelled (dp and vanilla-dp move data over the local bus)."""
+    the strategy's traffic is not modelled (dp and vanilla-dp move data over the local bus).
+
+    ``buffer_bytes``: the model's buffers (BatchNorm statistics), which ddp broadcasts from rank 0
+    before every forward in training, as DistributedDataParallel does by default; the hand-written
+    strategies sync gradients only."""
     total = sum(numels)
     if strategy in ("naive", "ring"):
         c = cost("all_reduce", strategy, world, total, itemsize)
@@ -226,8 +240,10 @@ def wire_bytes_per_sync(
         buckets = assign_buckets(
             numels, itemsize, int(config.bucket_cap_mb * MiB), int(config.first_bucket_mb * MiB)
         )
-        for b in buckets:
-            c = cost("all_reduce", algorithm, world, b.numel, itemsize)
+        calls = [cost("all_reduce", algorithm, world, b.numel, itemsize) for b in buckets]
+        if strategy == "ddp" and buffer_bytes:
+            calls.append(cost("broadcast", "builtin", world, buffer_bytes, 1))
+        for c in calls:
             sent = [x + y for x, y in zip(sent, c.sent_bytes, strict=True)]
             recv = [x + y for x, y in zip(recv, c.recv_bytes, strict=True)]
         return sent, recv
@@ -237,10 +253,15 @@ def wire_bytes_per_sync(
 
 
 def computed_wire_bytes(
-    strategy: str, world: int, numels: Sequence[int], itemsize: int, config: TrainConfig
+    strategy: str,
+    world: int,
+    numels: Sequence[int],
+    itemsize: int,
+    config: TrainConfig,
+    buffer_bytes: int = 0,
 ) -> list[int] | None:
     """Each rank's bytes sent per sync for ``strategy`` (None: not modelled)."""
-    both = wire_bytes_per_sync(strategy, world, numels, itemsize, config)
+    both = wire_bytes_per_sync(strategy, world, numels, itemsize, config, buffer_bytes)
     return None if both is None else both[0]
 
 
@@ -269,6 +290,7 @@ class Trainer:
             raise ValueError(f"model {config.model} has no trainable parameters")
         self.numels = [p.numel() for p in self.params]
         self.itemsize = self.params[0].element_size()
+        self.buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
         self.last_grad: Any = None
         for p in self.params:  # registered before the sync's hooks, so it runs first
             p.register_post_accumulate_grad_hook(self._grad_done)
@@ -456,7 +478,7 @@ def summarise(
     numels = [p.numel() for p in trainer.params]
     itemsize = trainer.params[0].element_size()
     syncs = syncs_per_epoch(num_samples, batch_size, world, config.steps_per_epoch)
-    wire = computed_wire_bytes(trainer.strategy, world, numels, itemsize, config)
+    wire = computed_wire_bytes(trainer.strategy, world, numels, itemsize, config, trainer.buffer_bytes)
     reached = next(
         (e for e in epochs if config.loss_threshold is not None and e.loss < config.loss_threshold), None
     )
@@ -654,7 +676,9 @@ def run_rank(
                 times, losses = tr.epoch_stats()
                 prior = history[tr.strategy][-1].cumulative_time_s if history[tr.strategy] else 0.0
                 wire = None
-                per_sync = wire_bytes_per_sync(tr.strategy, world, tr.numels, tr.itemsize, config)
+                per_sync = wire_bytes_per_sync(
+                    tr.strategy, world, tr.numels, tr.itemsize, config, tr.buffer_bytes
+                )
                 if windows is not None and per_sync is not None:
                     wire = windows.take(tr.strategy, steps, *per_sync, sum(tr.numels) * tr.itemsize)
                 evaluation = tr.evaluate(test_loader, config.steps_per_epoch)
