@@ -8,6 +8,7 @@ import os
 import socket
 import weakref
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -310,6 +311,27 @@ def _routes_off(case: dict[str, Any]) -> bool:
     return p2p.route(group, 1, 0) is group and bool(torch.all(tensor == 2))
 
 
+def _subgroups_of_two(case: dict[str, Any]) -> dict[str, Any]:
+    """Hand-written calls on two overlapping 2-rank subgroups of three ranks, then a group of all
+    three made and used: groups made by some ranks only would leave torch's count of groups
+    different between ranks, and the last group's creation would wait until its timeout."""
+    timeout = timedelta(seconds=20)
+    rank = dist.get_rank()
+    low, high = dist.new_group([0, 1], timeout=timeout), dist.new_group([1, 2], timeout=timeout)
+    out: dict[str, Any] = {}
+    for name, group, members in (("low", low, (0, 1)), ("high", high, (1, 2))):
+        if rank in members:
+            tensor = torch.full((1000,), float(rank + 1))
+            comm.all_reduce(tensor, algorithm="ring", group=group)
+            out[name] = bool(torch.all(tensor == sum(m + 1 for m in members)))
+            out[f"{name}_one_connection"] = p2p.route(group, 1, 0) is group
+    everyone = dist.new_group([0, 1, 2], timeout=timeout)
+    tensor = torch.ones(10)
+    comm.all_reduce(tensor, algorithm="ring", group=everyone)
+    out["everyone"] = bool(torch.all(tensor == 3))
+    return out
+
+
 def _local_ccs(skip_port: int | None = None) -> list[str]:
     """The congestion control of each of this rank's TCP connections within the host, but for
     those to port ``skip_port`` (the test's own store, connected after the launch)."""
@@ -465,6 +487,7 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "in_place_rs": _in_place_reduce_scatter,
         "routes": _routes,
         "routes_off": _routes_off,
+        "subgroups_of_two": _subgroups_of_two,
         "plan_reuse": _plan_reuse,
         "congestion": _congestion,
         "freed": _freed,

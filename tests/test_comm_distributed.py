@@ -191,6 +191,21 @@ def test_two_gloo_ranks_use_one_connection_per_direction(worlds, world_size):
     assert all(r["empty_moves_nothing"] for r in results)
 
 
+def test_two_rank_subgroups_leave_later_groups_creatable(worlds):
+    results = worlds(3).run(("subgroups_of_two", {}))
+    assert results == [
+        {"low": True, "low_one_connection": True, "everyone": True},
+        {
+            "low": True,
+            "low_one_connection": True,
+            "high": True,
+            "high_one_connection": True,
+            "everyone": True,
+        },
+        {"high": True, "high_one_connection": True, "everyone": True},
+    ]
+
+
 def test_duplex_can_be_turned_off_for_comparison(worlds):
     assert worlds(2).run(("routes_off", {})) == [True, True]
 

@@ -78,13 +78,19 @@ def group_timeout(group: dist.ProcessGroup | None) -> timedelta | None:
 def enable_duplex(group: dist.ProcessGroup | None) -> None:
     """Give a 2-rank gloo group a second connection, one per direction (see the module's notes).
 
-    Every rank of ``group`` must call this at the same point (it creates a process group among
-    them); later calls, other world sizes and other backends return at once, and so does every
-    call where ``$COMMBENCH_GLOO_DUPLEX`` is 0 (one connection for both directions, for
-    comparison).
+    Only where the group holds every rank of the job (two in all): every rank must call this at
+    the same point, since it creates a process group. A subgroup of two in a larger job keeps
+    one connection. torch numbers the groups it creates, on each rank that takes part, and the
+    number goes into the next group's name: a companion made by two ranks of three left their
+    count ahead of the third's, and the next group that mixed them waited for one another under
+    different names until the timeout. Later calls, other backends and every call where
+    ``$COMMBENCH_GLOO_DUPLEX`` is 0 (one connection for both directions, for comparison) return
+    at once.
     """
     key = _resolved(group)
     if key in _COMPANIONS or dist.get_world_size(group) != 2 or dist.get_backend(group) != "gloo":
+        return
+    if dist.get_world_size() != 2:
         return
     if os.environ.get(DUPLEX_ENV, "1") == "0":
         return
