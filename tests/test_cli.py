@@ -353,7 +353,7 @@ def test_summary_of_a_send_recv_sweep_shows_its_bandwidth(tmp_path, capsys):
     assert main(["summary", str(path)]) == 0
     out = capsys.readouterr().out
     assert "sendrecv, 2 ranks" in out and "no sweep records" not in out
-    assert "| 1024 | 0.500 |" in out and "| 2048 | 0.750 |" in out
+    assert "| 1024 | p2p | 0.500 |" in out and "| 2048 | p2p | 0.750 |" in out
 
 
 def test_summary_across_refuses_runs_of_different_sweeps(tmp_path, capsys):

@@ -36,17 +36,21 @@ def _fmt(x: float | None, spec: str, width: int) -> str:
     return f"{'-':>{width}}" if x is None else f"{x:{width}{spec}}"
 
 
+def _fields(r: Any) -> dict[str, Any]:
+    return r if isinstance(r, dict) else r.__dict__
+
+
 def table_rows(records: Sequence[Any]) -> str:
     """One row per algorithm for one size; the size columns are printed on the first row only."""
     lines = []
-    for i, r in enumerate(records):
-        r = r if isinstance(r, dict) else r.__dict__
+    for i, r in enumerate(map(_fields, records)):
         lead = (
             f"{r['size_bytes']:>12} {r['count']:>10} {r['dtype']:>8} {r['op'] or '-':>5}"
             if i == 0
             else " " * 38
         )
-        name = "limit" if r["collective"] == "sendrecv" and len(records) > 1 else r["algorithm"]
+        beside = any(x["collective"] != "sendrecv" for x in map(_fields, records))
+        name = "limit" if r["collective"] == "sendrecv" and beside else r["algorithm"]
         if r["algorithm"] == "auto":
             name = f"auto:{r['resolved_algorithm']}"[:9]
         lines.append(
@@ -65,10 +69,10 @@ def plot_busbw(records: Sequence[dict[str, Any]], path: str, title: str = "") ->
     import matplotlib.pyplot as plt
 
     series: dict[str, list[tuple[int, float]]] = {}
-    for r in records:
-        if r.get("type") != "sweep":
-            continue
-        name = "limit (send/recv)" if r["collective"] == "sendrecv" else r["algorithm"]
+    sweep = [r for r in records if r.get("type") == "sweep"]
+    beside = any(r["collective"] != "sendrecv" for r in sweep)
+    for r in sweep:
+        name = "limit (send/recv)" if r["collective"] == "sendrecv" and beside else r["algorithm"]
         series.setdefault(name, []).append((r["size_bytes"], r["busbw_gbps"]))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, points in series.items():
@@ -92,8 +96,10 @@ def ratio_table(records: Sequence[dict[str, Any]]) -> str:
     sweep = [r for r in records if r.get("type") == "sweep"]
     rows = [r for r in sweep if r["collective"] != "sendrecv"]
     if not rows and sweep:  # a sweep of send/recv alone: its bandwidth is all there is to show
-        lines = ["| size (B) | p2p busbw (GB/s) |", "|---|---|"]
-        lines += [f"| {r['size_bytes']} | {_cell(r.get('busbw_gbps'), '.3f')} |" for r in sweep]
+        lines = ["| size (B) | series | busbw (GB/s) |", "|---|---|---|"]
+        lines += [
+            f"| {r['size_bytes']} | {r['algorithm']} | {_cell(r.get('busbw_gbps'), '.3f')} |" for r in sweep
+        ]
         return "\n".join(lines)
     if not rows:
         return "(no sweep records)"

@@ -311,10 +311,9 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
         name = ", ".join(collectives)
         blocks.append(Heading(text=f"Sweep: {name}, {world} ranks, {backend} on {device}, {dtype}", level=3))
         body = []
+        beside = collectives != ["sendrecv"]  # send/recv measured as the limit of other collectives
         for r in sorted(rows, key=lambda r: (r["size_bytes"], r["collective"] == "sendrecv")):
-            algo = (
-                "limit (send/recv)" if r["collective"] == "sendrecv" and len(collectives) else r["algorithm"]
-            )
+            algo = "limit (send/recv)" if r["collective"] == "sendrecv" and beside else r["algorithm"]
             body.append(
                 [
                     _size(r["size_bytes"]),
@@ -324,7 +323,7 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
                     fmt(r["busbw_gbps"], ".3f"),
                     fmt(r.get("busbw_ratio_to_builtin"), ".2f"),
                     fmt(r.get("frac_of_limit"), ".2f"),
-                    fmt(r.get("wrong")),
+                    fmt(r.get("wrong"), "d"),
                 ]
             )
         blocks.append(

@@ -1,0 +1,64 @@
+"""How sweep tables name their series: send/recv is "limit" only beside other collectives."""
+
+from __future__ import annotations
+
+import json
+
+from commbench.bench import report
+from commbench.bench.cli import main
+
+
+def _record(collective: str, algorithm: str, size: int, busbw: float, wrong: int = 0) -> dict:
+    return {
+        "type": "sweep",
+        "collective": collective,
+        "algorithm": algorithm,
+        "resolved_algorithm": algorithm,
+        "backend": "gloo",
+        "device": "cpu",
+        "world_size": 2,
+        "dtype": "float32",
+        "op": None if collective == "sendrecv" else "sum",
+        "root": 0,
+        "size_bytes": size,
+        "count": size // 4,
+        "time_us": 100.0,
+        "algbw_gbps": busbw,
+        "busbw_gbps": busbw,
+        "wrong": wrong,
+        "busbw_ratio_to_builtin": None,
+        "frac_of_limit": None,
+    }
+
+
+SENDRECV = [_record("sendrecv", "p2p", 4096, 0.5), _record("sendrecv", "p2p@1K", 4096, 0.25)]
+BESIDE = [
+    _record("all_reduce", "builtin", 4096, 1.0),
+    _record("all_reduce", "ring", 4096, 1.1, wrong=786431),
+    _record("sendrecv", "limit", 4096, 2.0),
+]
+
+
+def test_a_sweep_of_send_recv_alone_names_each_series():
+    names = [line.split()[-7] for line in report.table_rows(SENDRECV).splitlines()]
+    assert names == ["p2p", "p2p@1K"]
+    table = report.ratio_table(SENDRECV)
+    assert "| 4096 | p2p | 0.500 |" in table and "| 4096 | p2p@1K | 0.250 |" in table
+
+
+def test_send_recv_beside_a_collective_is_the_limit():
+    names = [line.split()[-7] for line in report.table_rows(BESIDE).splitlines()]
+    assert names == ["builtin", "ring", "limit"]
+
+
+def test_the_report_names_series_and_counts_wrong_elements_in_full(tmp_path):
+    for name, records in (("alone", SENDRECV), ("beside", BESIDE)):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        out = tmp_path / name
+        assert main(["report", "-o", str(out), str(path)]) == 0
+        md = (out / "report.md").read_text()
+        if name == "alone":
+            assert "| p2p@1K |" in md and "limit (send/recv)" not in md
+        else:
+            assert "| limit (send/recv) |" in md and "| 786431 |" in md and "e+05" not in md
