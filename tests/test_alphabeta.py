@@ -90,6 +90,15 @@ def test_points_price_records_and_skip_what_the_model_cannot():
     assert (pts[1].steps, pts[1].critical_bytes) == (1, 1 << 20)
 
 
+def test_a_series_with_its_own_segment_is_priced_with_it():
+    """A pipelined broadcast takes n - 2 + segments steps: ring@64K at 4 ranks and 4 MiB is 66."""
+    record = {**_record("ring@64K", 4, 4 << 20, 0.05, collective="broadcast"), "resolved_algorithm": "ring"}
+    (point,) = alphabeta.points([record])
+    priced = cost("broadcast", "ring", 4, 1 << 20, 4, segment_bytes=64 << 10)
+    assert (point.steps, point.critical_bytes) == (priced.steps, priced.critical_bytes)
+    assert point.steps == 66 and point.algorithm == "ring@64K"
+
+
 def test_bad_input_raises_value_error():
     with pytest.raises(ValueError, match="at least 2 points"):
         alphabeta.fit(alphabeta.points(_synthetic())[:1])

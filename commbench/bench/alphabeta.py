@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from commbench.bench.collectives import series_parts
 from commbench.comm.costmodel import cost
 
 
@@ -84,6 +85,7 @@ def points(records: Iterable[dict[str, Any]]) -> list[Point]:
             steps, critical = 1, r["size_bytes"]
         else:
             try:
+                _, segment = series_parts(r["algorithm"])  # "ring@64K": priced with its segments
                 c = cost(
                     r["collective"],
                     r.get("resolved_algorithm") or r["algorithm"],
@@ -91,6 +93,7 @@ def points(records: Iterable[dict[str, Any]]) -> list[Point]:
                     r["count"],
                     r["size_bytes"] // r["count"],
                     root=r.get("root", 0),
+                    **({} if segment is None else {"segment_bytes": segment}),
                 )
             except ValueError:
                 continue
