@@ -244,7 +244,9 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
         ('{"type": "sweep"}\n', "without 'collective'"),
         ("{oops\n", "not JSON Lines: line 1, column 2: Expecting property name"),
         ('{"type": "header"}\n\n{"type": "sweep"}\n{oops\n', "not JSON Lines: line 4, column 2"),
-        ('{"type": "header"}\n{"type": "sw', "line 2, column 10: Unterminated string starting at\n"),
+        # the cut last line is left out (a run killed mid-write), and nothing finished is before it
+        ('{"type": "header"}\n{"type": "sw', "holds no sweep records"),
+        ('{"type": "header"}\n{"type": "sw\n', "line 2, column 10: Unterminated string starting at\n"),
         ("", "holds no sweep records"),
         ('{"type": "header", "command": "commbench sweep"}\n', "holds no sweep records"),
         ('{"type": "epoch", "strategy": "ring"}\n', "holds no sweep records"),
@@ -888,3 +890,38 @@ def test_no_fork_server_is_started_for_ranks_that_will_be_spawned(monkeypatch):
     for argv in (["sweep"], ["sweep", "--world-size", "4"], ["sweep", "--world-size", "x"]):
         cli._start_rank_server(argv)
     assert started == [True] * 3
+
+
+@pytest.mark.parametrize("command", ["summary", "report"])
+def test_a_last_line_cut_short_leaves_the_records_before_it_readable(command, tmp_path, capsys):
+    """A run killed, or a disk filled, in the middle of writing a record leaves half a line at the
+    end: the finished points before it are still read, and a line says what was left out."""
+    rows = [{"type": "header", "command": "commbench sweep --collective sendrecv"}]
+    for size in (1024, 2048):
+        rows.append(
+            {
+                "type": "sweep",
+                "collective": "sendrecv",
+                "algorithm": "p2p",
+                "world_size": 2,
+                "backend": "gloo",
+                "dtype": "float32",
+                "size_bytes": size,
+                "busbw_gbps": 0.5,
+                "busbw_ratio_to_builtin": None,
+                "frac_of_limit": 1.0,
+            }
+        )
+    whole = "".join(json.dumps(r) + "\n" for r in rows)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(whole + whole.splitlines()[1][:40])
+    extra = ["-o", str(tmp_path / "out")] if command == "report" else []
+    assert main([command, *extra, str(cut)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "last line is cut short" in captured.err
+    if command == "summary":
+        assert "| 1024 | p2p | 0.500 |" in captured.out and "| 2048 | p2p | 0.500 |" in captured.out
+    broken = tmp_path / "broken.jsonl"  # a bad line with finished lines after it is an error
+    broken.write_text(whole.splitlines()[1][:40] + "\n" + whole)
+    assert main([command, *extra, str(broken)]) == 2
+    assert "not JSON Lines" in capsys.readouterr().err

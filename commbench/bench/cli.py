@@ -334,10 +334,10 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
     """(header, records) of a file written by ``commbench sweep --json``; ValueError otherwise."""
     import json
 
-    from commbench.bench.records import read_jsonl
+    from commbench.bench.records import read_records
 
     try:
-        records = read_jsonl(path)
+        records, note = read_records(path)
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
@@ -356,6 +356,8 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
         raise ValueError(
             f"{path} holds no sweep records: they come from commbench sweep --json, once a size is done"
         )
+    if note:
+        print(note, file=sys.stderr)
     return next((r for r in records if r.get("type") == "header"), {}), records
 
 

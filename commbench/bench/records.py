@@ -174,16 +174,45 @@ class RecordWriter:
                 f.close()
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Every object of a JSON Lines file, in order; a JSONDecodeError gives the file's line."""
+def complete_lines(text: str, path: str | Path) -> tuple[list[str], str | None]:
+    """(the lines of a JSON Lines file's ``text``, a note or None).
+
+    A last line that a write did not finish (no newline after it, and not JSON: the run was
+    killed, or the disk filled, mid-record) is left out, so that the records before it are read;
+    the note says so, for the caller to print once the file has passed its checks."""
+    lines = text.splitlines()
+    if lines and lines[-1].strip() and not text.endswith("\n"):
+        try:
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            lines.pop()
+            kept = sum(1 for line in lines if line.strip())
+            return lines, (
+                f"commbench: {path}: the last line is cut short (a write that did not finish); "
+                f"the {kept} lines before it are read"
+            )
+    return lines, None
+
+
+def read_records(path: str | Path) -> tuple[list[Any], str | None]:
+    """(every value of a JSON Lines file, in order; the note of :func:`complete_lines`). A
+    JSONDecodeError gives the file's line."""
     records = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:  # numbered within its line: renumber in the file
-                doc = "\n" * (number - 1) + line
-                raise json.JSONDecodeError(exc.msg, doc, exc.pos + number - 1) from None
+    lines, note = complete_lines(Path(path).read_text(), path)
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:  # numbered within its line: renumber in the file
+            doc = "\n" * (number - 1) + line
+            raise json.JSONDecodeError(exc.msg, doc, exc.pos + number - 1) from None
+    return records, note
+
+
+def read_jsonl(path: str | Path) -> list[Any]:
+    """:func:`read_records`, its note (if any) printed on stderr."""
+    records, note = read_records(path)
+    if note:
+        print(note, file=sys.stderr)
     return records

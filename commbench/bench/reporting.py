@@ -11,11 +11,12 @@ import argparse
 import dataclasses
 import html
 import json
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from commbench.bench.records import output_path
+from commbench.bench.records import complete_lines, output_path
 
 MACHINE_FIELDS = (
     ("hostname", "host"),
@@ -163,7 +164,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     """Read one JSON Lines file written by commbench; ValueError (one line) when it is not one."""
     p = Path(path)
     try:
-        lines = p.read_text().splitlines()
+        lines, note = complete_lines(p.read_text(), p)
     except OSError as exc:
         raise ValueError(f"cannot read {p}: {exc.strerror}") from None
     except UnicodeDecodeError:
@@ -196,6 +197,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             if missing:
                 raise ValueError(f"{p} has a {kind} record without {missing!r}: not written by commbench")
     headers = by.get("header", [])
+    if note:
+        print(note, file=sys.stderr)
     return Run(
         path=str(p),
         label=label or p.stem,
