@@ -366,6 +366,20 @@ def test_summary_across_refuses_runs_of_different_sweeps(tmp_path, capsys):
     assert "runs of one sweep" in err and err.count("\n") == 1
 
 
+def test_summary_across_refuses_runs_of_different_ops(tmp_path, capsys):
+    runs = []
+    for name, op in (("sum", "sum"), ("max", "max")):
+        path = _run_file(tmp_path / f"{name}.jsonl", 4, {1024: 1.0})
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text(
+            "".join(json.dumps({**r, "op": op} if r["type"] == "sweep" else r) + "\n" for r in rows)
+        )
+        runs.append(str(path))
+    assert main(["summary", "--across", *runs]) == 2
+    err = capsys.readouterr().err
+    assert "runs of one sweep" in err and "float32, sum" in err and "float32, max" in err
+
+
 def test_summary_across_refuses_runs_timed_in_different_blocks(tmp_path, capsys):
     a = _run_file(tmp_path / "a.jsonl", 4, {1024: 1.0})  # no block field: interleaved call by call
     b = _run_file(tmp_path / "b.jsonl", 4, {1024: 1.0}, block=25)

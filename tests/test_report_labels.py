@@ -62,3 +62,21 @@ def test_the_report_names_series_and_counts_wrong_elements_in_full(tmp_path):
             assert "| p2p@1K |" in md and "limit (send/recv)" not in md
         else:
             assert "| limit (send/recv) |" in md and "| 786431 |" in md and "e+05" not in md
+
+
+def test_the_baseline_compares_points_of_one_dtype_only(tmp_path):
+    now, base = tmp_path / "now.jsonl", tmp_path / "base.jsonl"
+    now.write_text("".join(json.dumps(r) + "\n" for r in BESIDE))
+    other = [{**r, "dtype": "float64", "busbw_gbps": r["busbw_gbps"] / 2} for r in BESIDE]
+    same = [{**r, "busbw_gbps": r["busbw_gbps"] / 4} for r in BESIDE]
+    base.write_text("".join(json.dumps(r) + "\n" for r in other + same))
+    assert main(["report", "-o", str(tmp_path / "out"), str(now), "--baseline", str(base)]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    rows = [
+        line
+        for line in md[md.index("## Against the baseline") :].splitlines()
+        if line.startswith("| all_reduce |")
+    ]
+    assert len(rows) == 2 and all(
+        "| float32 | sum |" in r and r.rstrip(" |").endswith("4.00") for r in rows
+    ), rows

@@ -235,6 +235,16 @@ def test_the_series_take_turns_at_running_first(tmp_path, monkeypatch):
     assert ran == [*series, *series[1:], series[0], series[2], *series[:2]]
 
 
+def test_sizes_that_round_to_one_count_are_measured_once(tmp_path, monkeypatch):
+    """float64 from 4 to 20 bytes by 2: 4 and 6 hold no element, 8 and 10 one, and so on."""
+    _, _, events, records = _sweep_one_rank(
+        tmp_path, monkeypatch, min_bytes=4, max_bytes=20, step_bytes=2, dtype="float64"
+    )
+    start = next(payload for kind, payload in events if kind == "start")
+    assert start["sizes"] == [8, 16]
+    assert [r.size_bytes for r in records if r.algorithm == "builtin"] == [8, 16]
+
+
 def test_with_one_block_per_series_each_runs_its_calls_back_to_back(tmp_path, monkeypatch):
     """A block of -w + -n: one series at a time, the first one changing from size to size; every
     call counts once for progress, and the records say how the calls were ordered."""

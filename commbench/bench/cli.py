@@ -362,17 +362,20 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
 
 
 def _what(records: list[dict]) -> tuple:
-    """(collective, world size, backend, dtype, block) of a sweep file's records (its first
-    point's); records written before ``--block`` existed interleaved call by call (block 1)."""
+    """(collective, world size, backend, dtype, block, op, device, root) of a sweep file's records
+    (its first point's); records written before ``--block`` existed interleaved call by call
+    (block 1)."""
     first = next((r for r in records if r.get("type") == "sweep"), {})
     what = tuple(first.get(k, "?") for k in ("collective", "world_size", "backend", "dtype"))
-    return (*what, first.get("block", 1))
+    return (*what, first.get("block", 1), first.get("op"), first.get("device", "cpu"), first.get("root", 0))
 
 
 def _describe(what: tuple) -> str:
-    collective, world, backend, dtype, block = what
+    collective, world, backend, dtype, block, op, device, root = what
     timed = "" if block == 1 else f", --block {block}"
-    return f"{collective}, {world} ranks, {backend}, {dtype}{timed}"
+    where = "" if device == "cpu" else f" on {device}"
+    how = (f", {op}" if op else "") + (f", root {root}" if root else "")
+    return f"{collective}, {world} ranks, {backend}{where}, {dtype}{how}{timed}"
 
 
 def cmd_summary(files: list[str], across: bool = False) -> int:

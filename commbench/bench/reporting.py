@@ -624,8 +624,17 @@ def run_sections(run: Run, plots: _Plots) -> list[Block]:
 
 
 def _busbw_map(runs: Sequence[Run]) -> dict[tuple, float]:
+    """busbw by (collective, ranks, algorithm, size, dtype, op): points of a float64 run are not
+    compared with a float32 baseline's."""
     return {
-        (r["collective"], r["world_size"], r["algorithm"], r["size_bytes"]): r["busbw_gbps"]
+        (
+            r["collective"],
+            r["world_size"],
+            r["algorithm"],
+            r["size_bytes"],
+            str(r.get("dtype", "?")),
+            str(r.get("op") or "-"),
+        ): r["busbw_gbps"]
         for run in runs
         for r in run.sweeps
     }
@@ -654,6 +663,8 @@ def baseline_section(runs: Sequence[Run], baselines: Sequence[Run], plots: _Plot
                 str(k[1]),
                 k[2],
                 _size(k[3]),
+                k[4],
+                k[5],
                 fmt(base[k], ".3f"),
                 fmt(now[k], ".3f"),
                 fmt(now[k] / base[k] if base[k] else None, ".2f"),
@@ -664,7 +675,17 @@ def baseline_section(runs: Sequence[Run], baselines: Sequence[Run], plots: _Plot
             Heading(text="busbw", level=3),
             Para(text="ratio = this run's busbw / the baseline's (above 1: faster)."),
             table(
-                ["collective", "ranks", "algorithm", "size", "baseline (GB/s)", "this run (GB/s)", "ratio"],
+                [
+                    "collective",
+                    "ranks",
+                    "algorithm",
+                    "size",
+                    "type",
+                    "op",
+                    "baseline (GB/s)",
+                    "this run (GB/s)",
+                    "ratio",
+                ],
                 rows,
             ),
         ]

@@ -273,7 +273,12 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
     limit_spec = SPECS["sendrecv"]
     timer = _Timer(device)
     op = config.op if spec.needs_op else None
-    all_sizes = sizes(config)
+    # Sizes are whole elements (a whole count per rank for reduce_scatter and all_gather): two asked
+    # for sizes that round to one count are measured once, and sizes under one element not at all.
+    counts = {}
+    for size in sizes(config):
+        counts.setdefault(spec.count(size, dtype.itemsize, world), size)
+    all_sizes = [size for count, size in counts.items() if count > 0]
     out: list[SweepRecord] = []
     counter = None
     if config.probe and device.type == "cpu":  # NIC counters see gloo's TCP; NCCL's paths are NVML's
