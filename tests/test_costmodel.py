@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from commbench.comm import ALGORITHMS, tuning
@@ -99,6 +101,25 @@ def test_unknown_names_raise():
         cost("all_reduce", "tree", 2, 10, 4)
     with pytest.raises(ValueError, match="world_size"):
         cost("all_reduce", "ring", 0, 10, 4)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, needle",
+    [
+        # one rank, or no elements, returned zeros before the names were looked at
+        (("alltoall", "ring", 1, 10, 4), {}, "unknown collective"),
+        (("all_reduce", "tree", 4, 0, 4), {}, "no cost"),
+        (("bogus", "auto", 2, 10, 4), {}, "unknown collective"),  # was a KeyError from the auto table
+        (("all_reduce", "naive", 3, -5, 4), {}, "count must be >= 0"),  # was negative bytes
+        (("broadcast", "tree", 4, 10, 4), {"root": 9}, "root must be a rank in [0, 4)"),  # was root 1
+    ],
+)
+def test_a_call_that_cannot_be_priced_raises_at_any_size(args, kwargs, needle):
+    from commbench.comm.costmodel import scratch_bytes
+
+    for price in (cost, scratch_bytes):
+        with pytest.raises(ValueError, match=re.escape(needle)):
+            price(*args, **kwargs)
 
 
 def test_auto_table_is_well_formed():

@@ -114,6 +114,24 @@ def _ring_reduce(count: int, n: int, item: int, dst: int) -> tuple[list[int], li
     return sent, recv, steps, critical
 
 
+def _check_call(
+    collective: str, algorithm: str, world_size: int, count: int, itemsize: int, root: int
+) -> None:
+    """ValueError for a call that cannot be priced, at any size (one rank and zero elements too)."""
+    from commbench.comm import ALGORITHMS
+
+    if collective not in ALGORITHMS:
+        raise ValueError(f"unknown collective {collective!r}; choose from {', '.join(ALGORITHMS)}")
+    if algorithm not in ALGORITHMS[collective]:
+        raise ValueError(f"no cost for {collective}/{algorithm}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if count < 0 or itemsize < 1:
+        raise ValueError(f"count must be >= 0 and itemsize >= 1, got {count} and {itemsize}")
+    if not 0 <= root < world_size:
+        raise ValueError(f"root must be a rank in [0, {world_size}), got {root}")
+
+
 def cost(
     collective: str,
     algorithm: str,
@@ -134,9 +152,8 @@ def cost(
         itemsize: bytes per element.
         root: source of broadcast, destination of reduce.
     """
+    _check_call(collective, algorithm, world_size, count, itemsize, root)
     n, size = world_size, count * itemsize
-    if n < 1:
-        raise ValueError(f"world_size must be >= 1, got {n}")
     if algorithm == "auto":
         algorithm = tuning.choose(collective, size, n)
     priced = "ring" if algorithm == "builtin" else algorithm
@@ -249,9 +266,8 @@ def scratch_bytes(
     """Bytes of scratch each rank's :class:`~commbench.comm.Workspace` holds after one call over
     gloo, input and output distinct (as a sweep calls them). ``builtin``'s memory is the
     backend's own and not counted. Arguments as for :func:`cost`."""
+    _check_call(collective, algorithm, world_size, count, itemsize, root)
     n = world_size
-    if n < 1:
-        raise ValueError(f"world_size must be >= 1, got {n}")
     if algorithm == "auto":
         algorithm = tuning.choose(collective, count * itemsize, n)
     rel = [(r - root) % n for r in range(n)]
