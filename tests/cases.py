@@ -182,7 +182,7 @@ def _mismatch(case: dict[str, Any]) -> str:
     if case["vary"] == "local" and rank == 1:  # only this rank's own checks can see the problem
         tensor = torch.ones(case["count"], 2).t()[0]
     op = case["op"] if case["vary"] != "op" or rank == 0 else "max"
-    segment = 8 if case["vary"] == "segment" and rank == 1 else None
+    segment = {"segment": 8, "huge segment": 1 << 70}.get(case["vary"]) if rank == 1 else None
     try:
         comm.all_reduce(tensor, op, case["algorithm"], segment_bytes=segment)
     except ValueError as exc:
@@ -309,6 +309,19 @@ def _routes_off(case: dict[str, Any]) -> bool:
         else:
             os.environ[p2p.DUPLEX_ENV] = saved
     return p2p.route(group, 1, 0) is group and bool(torch.all(tensor == 2))
+
+
+def _signed_zeros(case: dict[str, Any]) -> dict[str, int]:
+    """How many elements come out as -0.0 when rank 0 holds -0.0 and the others +0.0 (max and
+    min of the two depend on the order of the operands)."""
+    out = {}
+    for n in (1, 64):
+        for op in ("max", "min"):
+            for algorithm in comm.ALGORITHMS["all_reduce"]:
+                tensor = torch.full((n,), -0.0 if dist.get_rank() == 0 else 0.0)
+                comm.all_reduce(tensor, op, algorithm)
+                out[f"{algorithm} {op} {n}"] = int(torch.signbit(tensor).sum())
+    return out
 
 
 def _subgroups_of_two(case: dict[str, Any]) -> dict[str, Any]:
@@ -488,6 +501,7 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "routes": _routes,
         "routes_off": _routes_off,
         "subgroups_of_two": _subgroups_of_two,
+        "signed_zeros": _signed_zeros,
         "plan_reuse": _plan_reuse,
         "congestion": _congestion,
         "freed": _freed,

@@ -129,12 +129,14 @@ def test_bytes_on_the_wire_match_the_cost_model(worlds, world_size, collective):
 @pytest.mark.parametrize(
     ("vary", "algorithm"),
     [(v, a) for v in ("size", "op", "local") for a in ("ring", "naive", "rd", "hd", "builtin")]
-    + [("segment", "ring"), ("segment", "auto")],
+    + [("segment", "ring"), ("segment", "auto"), ("huge segment", "ring")],
 )
 def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
     results = worlds(3).run(("mismatch", {"count": 10, "op": "sum", "algorithm": algorithm, "vary": vary}))
     if vary == "local":  # the rank with the bad tensor says what is wrong; the others see disagreement
         assert "contiguous" in results[1] and all("ranks disagree" in results[r] for r in (0, 2)), results
+    elif vary == "huge segment":  # 2**70 does not fit the int64 the ranks agree with: the others waited
+        assert "at most 2**62" in results[1] and all("ranks disagree" in results[r] for r in (0, 2)), results
     else:
         assert all("ranks disagree" in r for r in results), results
 
@@ -189,6 +191,15 @@ def test_two_gloo_ranks_use_one_connection_per_direction(worlds, world_size):
         assert all(r["sends_on_my_route"] for r in results)
     assert [r["exchange_calls"] for r in results] == [0] * world_size
     assert all(r["empty_moves_nothing"] for r in results)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_every_rank_ends_with_the_same_bits_for_max_and_min_of_signed_zeros(worlds, world_size):
+    """Recursive doubling reduced each partner's own data first: for max and min of -0.0 and
+    +0.0 the two partners then ended with different zeros (at 64 elements, not at 1)."""
+    results = worlds(world_size).run(("signed_zeros", {}))
+    for key in results[0]:
+        assert len({r[key] for r in results}) == 1, (key, [r[key] for r in results])
 
 
 def test_two_rank_subgroups_leave_later_groups_creatable(worlds):

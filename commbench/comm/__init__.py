@@ -163,12 +163,17 @@ _OP_CODES = {o: i for i, o in enumerate(OPS)}
 _INVALID = (-1, -1, -1, -1, -1, -1)
 
 
+MAX_SEGMENT_BYTES = 1 << 62
+
+
 def _check_segment_bytes(segment_bytes: int | None, algorithm: str) -> None:
     """``segment_bytes`` is None, or a positive integer for an algorithm that segments (or ``auto``)."""
     if segment_bytes is None:
         return
     if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes < 1:
         raise ValueError(f"segment_bytes must be a positive integer, got {segment_bytes!r}")
+    if segment_bytes > MAX_SEGMENT_BYTES:  # ranks agree on it as an int64
+        raise ValueError(f"segment_bytes must be at most 2**62, got {segment_bytes}")
     if algorithm not in (*SEGMENTED, "auto"):
         raise ValueError(
             f"segment_bytes applies to {', '.join(SEGMENTED)} (or auto where it picks one), not {algorithm!r}"

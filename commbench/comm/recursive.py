@@ -70,8 +70,12 @@ def _doubling(flat, buf, me, core, world, op, group) -> None:
     while mask < core:
         peer = recursive_doubling_real(me ^ mask, world)
         p2p.wait_all(list(p2p.exchange(flat, peer, buf, peer, group)))
-        # a (op) b == b (op) a bit for bit, so both partners hold identical results.
-        reduce_into(flat, flat, buf, op)
+        # Both partners reduce (lower rank's data) op (higher rank's): max and min of -0.0 and +0.0
+        # depend on the order, and took it differently at different sizes, so partners disagreed.
+        if me < (me ^ mask):
+            reduce_into(flat, flat, buf, op)
+        else:
+            reduce_into(flat, buf, flat, op)
         mask <<= 1
 
 
