@@ -148,3 +148,57 @@ def test_thread_error_is_reported_by_stop():
     time.sleep(INTERVAL * 3)
     with pytest.raises(RuntimeError, match="fell off the bus"):
         s.stop()
+
+
+def _lo_counters(monkeypatch, shift: dict) -> None:
+    """psutil's per-interface counters, with lo's moved by ``shift["bytes"]`` (or lo gone when it
+    is None)."""
+    import psutil
+
+    real = psutil.net_io_counters
+
+    def counters(pernic: bool = True, nowrap: bool = False):
+        got = dict(real(pernic=True, nowrap=False))
+        if shift["bytes"] is None:
+            got.pop("lo", None)
+        else:
+            c = got["lo"]
+            got["lo"] = c._replace(
+                bytes_sent=c.bytes_sent + shift["bytes"], bytes_recv=c.bytes_recv + shift["bytes"]
+            )
+        return got
+
+    monkeypatch.setattr(psutil, "net_io_counters", counters)
+
+
+def test_interface_counters_that_go_backwards_lose_ticks_not_sign(monkeypatch):
+    """A link reset or driver reload sets the counters back: rates and phase bytes came out
+    negative (-6e14 B/s) where they now stay at or above zero, and a note says ticks were lost."""
+    shift = {"bytes": 1 << 40}
+    _lo_counters(monkeypatch, shift)
+    s = Sampler(INTERVAL, nic="lo").start()
+    time.sleep(0.1)
+    s.mark("a")
+    shift["bytes"] = 0  # back by a terabyte
+    _send_through_loopback(1 << 20)
+    time.sleep(0.1)
+    s.mark("b")
+    tl = s.stop()
+    assert min(x.nic_tx_bytes_per_s for x in tl.samples) >= 0
+    assert 0 <= tl.phase_bytes("a", "b").nic_tx_bytes < 1 << 30
+    assert any("counters went backwards" in n for n in tl.notes)
+
+
+def test_an_interface_that_goes_away_ends_its_counting_not_the_run(monkeypatch):
+    """The sampler's thread died on the missing interface, and the next mark() raised in the run."""
+    shift = {"bytes": 0}
+    _lo_counters(monkeypatch, shift)
+    s = Sampler(INTERVAL, nic="lo").start()
+    time.sleep(0.05)
+    s.mark("a")
+    shift["bytes"] = None
+    time.sleep(0.1)
+    s.mark("b")
+    tl = s.stop()
+    assert tl.phase_bytes("a", "b").nic_tx_bytes is not None
+    assert any("went away" in n for n in tl.notes)

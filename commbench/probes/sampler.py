@@ -74,7 +74,8 @@ class GpuTotals:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Marker:
-    """A phase boundary: its time since start and the cumulative counters read at that instant."""
+    """A phase boundary: its time since start and the cumulative counters read at that instant
+    (the interface's: bytes counted since the sampler started)."""
 
     label: str
     t_s: float
@@ -260,6 +261,51 @@ class _Accumulator:
         self.last = reading
 
 
+class _NicTotals:
+    """Bytes an interface counted since the sampler started, kept going through the counters
+    going backwards (a driver reload, a link reset: those ticks are lost) and through the
+    interface going away (it counts nothing more; a line in the notes says so)."""
+
+    def __init__(self, nic: str) -> None:
+        self.nic = nic
+        self.last: host.NicCounters | None = None
+        self.tx = self.rx = 0
+        self.resets = 0
+        self.gone = False
+
+    def read(self) -> host.NicCounters | None:
+        if self.gone:
+            return self._totals()
+        try:
+            now = host.read_nic(self.nic)
+        except ValueError:
+            self.gone = True
+            return self._totals()
+        if self.last is not None:
+            if now.tx_bytes < self.last.tx_bytes or now.rx_bytes < self.last.rx_bytes:
+                self.resets += 1
+            else:
+                self.tx += now.tx_bytes - self.last.tx_bytes
+                self.rx += now.rx_bytes - self.last.rx_bytes
+        self.last = now
+        return self._totals()
+
+    def _totals(self) -> host.NicCounters | None:
+        if self.last is None:
+            return None
+        return host.NicCounters(tx_bytes=self.tx, rx_bytes=self.rx, tx_packets=0, rx_packets=0)
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.resets:
+            out.append(
+                f"interface {self.nic} counters went backwards {self.resets} time(s); those ticks are lost"
+            )
+        if self.gone:
+            out.append(f"interface {self.nic} went away during the run; it counted nothing after that")
+        return out
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Point:
     """Everything a tick needs of the previous one to turn totals into rates."""
@@ -297,6 +343,7 @@ class Sampler:
         self._samples: list[Sample] = []
         self._markers: list[Marker] = []
         self._accum = {(d.index, n): _Accumulator() for d in self._devices for n in COUNTER_NAMES}
+        self._nic = _NicTotals(nic) if nic is not None else None
         self._thread_cpu_s = 0.0
         self._error: BaseException | None = None
 
@@ -388,7 +435,7 @@ class Sampler:
     def _read_counters(self) -> tuple[float, host.NicCounters | None, tuple[GpuTotals, ...]]:
         """Interface counters and unwrapped GPU totals now; the caller holds the lock."""
         t = time.monotonic()
-        nic = host.read_nic(self.nic) if self.nic is not None else None
+        nic = self._nic.read() if self._nic is not None else None
         totals = []
         for d in self._devices:
             c = self.nvml.counters(d.index)  # type: ignore[union-attr]
@@ -461,7 +508,7 @@ class Sampler:
 
     def _notes(self) -> tuple[str, ...]:
         """Caveats worth carrying with the numbers: counter resets, 32-bit counters that may wrap twice."""
-        notes = []
+        notes = self._nic.notes() if self._nic is not None else []
         for (index, name), acc in self._accum.items():
             if acc.resets:
                 notes.append(
