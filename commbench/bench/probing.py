@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from commbench.probes import host
@@ -11,13 +12,19 @@ from commbench.probes.sampler import Sampler
 
 
 class RunProbe:
-    """Rank 0's sampler (host counters on the run's interface, and NVML where there is one)."""
+    """Rank 0's sampler (host counters on the run's interface, and NVML where there is one).
+
+    The probe only watches: where it fails (a device that stops answering NVML, a thread that
+    does not stop) it says so in one line and stops, and the run goes on; its records are kept,
+    without the probe's timeline.
+    """
 
     def __init__(self, interval_s: float) -> None:
         self.nvml, self.nvml_note = Nvml.open_with_reason()
         self.nic = host.selected_nic()
         self.sampler = Sampler(interval_s=interval_s, nvml=self.nvml, nic=self.nic).start()
         self._marks = 0
+        self.error: BaseException | None = None
 
     def describe(self) -> str:
         """One line for the table header: what is probed, and what is not and why."""
@@ -25,17 +32,36 @@ class RunProbe:
         return f"# probes: every {self.sampler.interval_s:g} s on {self.nic}; {gpu}"
 
     def mark(self, label: str) -> None:
+        if self.error is not None:
+            return
         self._marks += 1
-        self.sampler.mark(f"{self._marks}: {label}")
+        try:
+            self.sampler.mark(f"{self._marks}: {label}")
+        except Exception as exc:  # the run's own work is not the probe's to stop
+            self._failed(exc)
 
-    def finish(self) -> dict[str, Any]:
-        """Stop sampling; the timeline as a ``probe`` record."""
+    def finish(self) -> dict[str, Any] | None:
+        """Stop sampling; the timeline as a ``probe`` record (None where the probe failed)."""
         try:
             timeline = self.sampler.stop()
+        except RuntimeError as exc:
+            self._failed(exc.__cause__ or exc)
         finally:
             if self.nvml is not None:
                 self.nvml.close()
+        if self.error is not None:
+            return None
         return {"type": "probe", "nvml": self.nvml_note, **timeline.to_json()}
+
+    def _failed(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+            print(
+                f"commbench: the probe stopped ({type(exc).__name__}: {exc}); the run goes on, and its "
+                "records are kept without the probe's timeline",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def overhead_line(record: dict[str, Any]) -> str:

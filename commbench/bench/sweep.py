@@ -510,8 +510,9 @@ class Rank0Output:
                 from commbench.bench.probing import overhead_line
 
                 record = self.probe_record = self.probe.finish()
-                self.writer.write(record)
-                if not self.config.quiet:
-                    say(overhead_line(record))
+                if record is not None:
+                    self.writer.write(record)
+                    if not self.config.quiet:
+                        say(overhead_line(record))
         finally:
             self.writer.close()

@@ -225,7 +225,8 @@ def _train_rank(config: Any, device: str) -> list[dict]:
         try:
             if probe is not None:
                 probe_record = probe.finish()
-                writer.write(probe_record)
+                if probe_record is not None:
+                    writer.write(probe_record)
         finally:
             writer.close()
     rows = [dataclasses.asdict(s) for s in summaries]
