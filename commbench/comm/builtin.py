@@ -20,7 +20,8 @@ def _native_avg(group: dist.ProcessGroup | None) -> bool:
 
 
 def _op(op: str, group: dist.ProcessGroup | None) -> dist.ReduceOp:
-    # gloo has no AVG on every version commbench supports: sum, then divide (as NCCL's PreMulSum).
+    # gloo has no AVG on every version commbench supports: sum, then divide. (NCCL averages itself;
+    # its PreMulSum scales before it sums, so a float16 sum that overflows here need not there.)
     return torch_reduce_op("sum" if op == "avg" and not _native_avg(group) else op)
 
 
