@@ -333,9 +333,10 @@ def test_summary_across_runs_gives_mean_range_and_counts_under(tmp_path, capsys)
     assert rows == ["| 1024 | 1.10 [0.80, 1.30] (1, 1 of 3) |", "| 2048 | 0.95 [0.85, 1.05] (1, 2 of 3) |"]
 
 
-def test_summary_of_a_send_recv_sweep_shows_its_bandwidth(tmp_path, capsys):
+def _send_recv_lines(busbw: dict[int, float]) -> str:
+    """A send/recv sweep's JSON Lines as commbench writes them: busbw by size."""
     rows = [{"type": "header", "command": "commbench sweep --collective sendrecv"}]
-    for size, bw in ((1024, 0.5), (2048, 0.75)):
+    for size, bw in busbw.items():
         rows.append(
             {
                 "type": "sweep",
@@ -350,8 +351,12 @@ def test_summary_of_a_send_recv_sweep_shows_its_bandwidth(tmp_path, capsys):
                 "frac_of_limit": 1.0,
             }
         )
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def test_summary_of_a_send_recv_sweep_shows_its_bandwidth(tmp_path, capsys):
     path = tmp_path / "p2p.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text(_send_recv_lines({1024: 0.5, 2048: 0.75}))
     assert main(["summary", str(path)]) == 0
     out = capsys.readouterr().out
     assert "sendrecv, 2 ranks" in out and "no sweep records" not in out
@@ -910,23 +915,7 @@ def test_no_fork_server_is_started_for_ranks_that_will_be_spawned(monkeypatch):
 def test_a_last_line_cut_short_leaves_the_records_before_it_readable(command, tmp_path, capsys):
     """A run killed, or a disk filled, in the middle of writing a record leaves half a line at the
     end: the finished points before it are still read, and a line says what was left out."""
-    rows = [{"type": "header", "command": "commbench sweep --collective sendrecv"}]
-    for size in (1024, 2048):
-        rows.append(
-            {
-                "type": "sweep",
-                "collective": "sendrecv",
-                "algorithm": "p2p",
-                "world_size": 2,
-                "backend": "gloo",
-                "dtype": "float32",
-                "size_bytes": size,
-                "busbw_gbps": 0.5,
-                "busbw_ratio_to_builtin": None,
-                "frac_of_limit": 1.0,
-            }
-        )
-    whole = "".join(json.dumps(r) + "\n" for r in rows)
+    whole = _send_recv_lines({1024: 0.5, 2048: 0.5})
     cut = tmp_path / "cut.jsonl"
     cut.write_text(whole + whole.splitlines()[1][:40])
     extra = ["-o", str(tmp_path / "out")] if command == "report" else []

@@ -252,16 +252,10 @@ def wire_bytes_per_sync(
     return None
 
 
-def computed_wire_bytes(
-    strategy: str,
-    world: int,
-    numels: Sequence[int],
-    itemsize: int,
-    config: TrainConfig,
-    buffer_bytes: int = 0,
-) -> list[int] | None:
-    """Each rank's bytes sent per sync for ``strategy`` (None: not modelled)."""
-    both = wire_bytes_per_sync(strategy, world, numels, itemsize, config, buffer_bytes)
+def computed_wire_bytes(*args: Any, **kwargs: Any) -> list[int] | None:
+    """Each rank's bytes sent per sync: the first half of :func:`wire_bytes_per_sync` with the same
+    arguments (None: not modelled)."""
+    both = wire_bytes_per_sync(*args, **kwargs)
     return None if both is None else both[0]
 
 
