@@ -202,6 +202,44 @@ def test_integer_results_wrap_around_as_the_ranks_own_arithmetic_does(dtype, op)
     assert count_wrong(acc, reduced_pattern(world, 3000, op, dtype, CPU)) == 0
 
 
+def _in_the_ranks_arithmetic(world: int, op: str, dtype: torch.dtype, count: int, pairwise: bool):
+    """A correct result as ranks compute it in ``dtype``: one rank's data after another (ring,
+    naive), or pairwise (recursive doubling); avg scales each term first, as NCCL does."""
+    xs = [pattern(r, count, op, dtype, CPU) for r in range(world)]
+    step = {"sum": torch.add, "avg": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum}
+    if op == "avg":
+        xs = [x / world for x in xs]
+    while len(xs) > 1:
+        xs = (
+            [step[op](xs[i], xs[i + 1]) if i + 1 < len(xs) else xs[i] for i in range(0, len(xs), 2)]
+            if pairwise
+            else [step[op](xs[0], xs[1]), *xs[2:]]
+        )
+    return xs[0]
+
+
+@pytest.mark.parametrize(
+    "dtype, op, worlds",
+    [
+        (torch.float16, "prod", (17, 31, 40)),  # products reach inf: inf against inf was wrong
+        (torch.bfloat16, "sum", (43, 63, 100)),  # sums past 256 round at every addition
+        (torch.int64, "prod", (63, 64, 94)),  # 2**64 wraps to 0 on the ranks
+        (torch.int8, "sum", (19, 42, 64)),  # sums past 127 wrap around
+        (torch.float16, "avg", (5, 6, 7, 9, 10)),  # each term scaled first rounds
+        (torch.bfloat16, "avg", (6, 11, 15)),
+    ],
+)
+def test_a_correct_result_in_the_dtype_s_own_arithmetic_is_right(dtype, op, worlds):
+    from commbench.bench.collectives import SPECS
+
+    spec = SPECS["all_reduce"]
+    for world in worlds:
+        for pairwise in (False, True):
+            b = spec.make(4096, dtype, CPU, 0, world, op, 0)
+            b.output.copy_(_in_the_ranks_arithmetic(world, op, dtype, 4096, pairwise))
+            assert spec.wrong(b, op, 0, world, 0) == 0, (world, pairwise)
+
+
 def _sweep_one_rank(tmp_path, monkeypatch, **fields) -> tuple[SweepConfig, list[str], list, list]:
     """Run a one-rank all_reduce sweep of builtin and naive; returns (config, the series each call
     ran, in order, the emitted events, the records)."""

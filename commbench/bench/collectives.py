@@ -4,12 +4,18 @@ Each entry says how a message size maps to element counts, makes and fills its b
 closed-form pattern, runs one call, and counts wrong elements against the closed-form result.
 Adding a collective is one class here and one line in ``SPECS``; the driver never changes.
 
-The pattern: element i of rank r holds a small whole number, 1 to 7 (1 or 2 for prod), so that
-every reduction has an exact expected value in every dtype. It is made of a part that depends on
-i alone and a part that depends on i and r, each drawn from a fixed hash of the index, and it
-repeats only every :data:`PERIOD` elements. So the expected result of every op varies from
-element to element at any world size, and data in the wrong place (a chunk sent to the wrong
-rank, a result shifted by a few elements, one rank's part missing) differs from it.
+The pattern: element i of rank r holds a small whole number, 1 to 4 (1 or 2 for prod), the sum
+of a part that depends on i alone (a fixed hash of i) and a part that depends on i and r. The
+second is rank r's turn in a sequence that spreads every level evenly over consecutive ranks
+(the fractional parts of multiples of the golden ratio), started at a place hashed from i. So
+every element's sum over ranks stays near 3 per rank (bfloat16 adds it exactly up to 84 ranks,
+int8 up to 41), a product of 1s and 2s near 2**(ranks / 2), and yet the expected result of every
+op varies from element to element at any world size, and two ranks' inputs differ. Data in the
+wrong place (a chunk sent to the wrong rank, a result shifted by a few elements, a block from
+the wrong rank) differs from the expected result, unless it moved by a multiple of
+:data:`PERIOD` elements, after which the pattern repeats. Expected results are computed as the
+ranks compute them where that matters: integer sums and products wrap around, and a float
+product past the dtype's range is inf.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ class Buffers:
 
 
 PERIOD = 65521  # the largest prime below 2**16: a rank's pattern repeats after this many elements
-RANK_STRIDE = 7919  # a prime: rank r's index-and-rank part is rank 0's moved on by r * RANK_STRIDE
+GOLDEN = (5**0.5 - 1) / 2  # its multiples' fractional parts: the ranks' turns in the rank part
 
 
 @functools.lru_cache(maxsize=4)
@@ -55,17 +61,18 @@ def _hashed(salt: int, values: int) -> torch.Tensor:
 @functools.lru_cache(maxsize=8)
 def _period_of(rank: int, op: str) -> torch.Tensor:
     """Elements 0 .. PERIOD-1 of rank ``rank``'s input (int64, on the CPU)."""
-    moved = (torch.arange(PERIOD) + rank * RANK_STRIDE) % PERIOD
-    if op == "prod":  # products of 1s and 2s: exact while 2**world fits the dtype
-        return 1 + _hashed(0x5EED, 2)[moved]
-    return 1 + 2 * _hashed(0xC0FFEE, 3) + _hashed(0xBEEF, 3)[moved]
+    turn = torch.frac((_hashed(0xC0FFEE, PERIOD) + rank).double() * GOLDEN)
+    if op == "prod":
+        return 1 + (turn < 0.5).long()
+    return 1 + _hashed(0xBEEF, 2) + (3 * turn).floor().long()
 
 
 def _window(one_period: torch.Tensor, count: int, offset: int, dtype: torch.dtype, device) -> torch.Tensor:
     """Elements offset .. offset+count of the sequence that repeats ``one_period``."""
-    if count == 0:
-        return torch.empty(0, dtype=dtype, device=device)
-    base = torch.roll(one_period, -(offset % PERIOD)).to(dtype=dtype, device=device)
+    start = offset % PERIOD
+    if count <= PERIOD:  # a block of a few elements (all_gather at many ranks) need not copy a period
+        return one_period[(torch.arange(count) + start) % PERIOD].to(dtype=dtype, device=device)
+    base = torch.roll(one_period, -start).to(dtype=dtype, device=device)
     return base.repeat(-(-count // PERIOD))[:count].contiguous()
 
 
@@ -78,24 +85,41 @@ def pattern(
 
 @functools.lru_cache(maxsize=8)
 def _reduced_period(world: int, op: str) -> torch.Tensor:
-    """One period of the reduction over ranks 0 .. world-1 (float64, exact: the values are small)."""
-    step = {"sum": torch.add, "avg": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum}
+    """One period of the reduction over ranks 0 .. world-1: float64 (exact: the values are small),
+    and for prod the power of two each product is (int64)."""
+    if op == "prod":
+        return sum((_period_of(r, op) - 1 for r in range(world)), torch.zeros(PERIOD, dtype=torch.int64))
+    step = {"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum}[op]
     acc = _period_of(0, op).double()
     for r in range(1, world):
-        acc = step[op](acc, _period_of(r, op).double())
+        acc = step(acc, _period_of(r, op).double())
     return acc / world if op == "avg" else acc
+
+
+def _typed(table: torch.Tensor, op: str, dtype: torch.dtype) -> torch.Tensor:
+    """One period of expected results in ``dtype``, as the ranks' own arithmetic leaves them."""
+    if dtype.is_floating_point:
+        if op == "prod":  # past the dtype's range a product of 1s and 2s is inf, and stays inf
+            return torch.pow(2.0, table.double()).to(dtype)
+        return table.to(dtype)
+    info = torch.iinfo(dtype)
+    if op == "prod":  # 2**k in the dtype's bits: 0 once k reaches them, the lowest value one before
+        out = torch.zeros_like(table)
+        small = table < min(info.bits, 63)
+        out[small] = torch.pow(2, table[small])
+        if info.min < 0:
+            out[table == info.bits - 1] = info.min
+        return out.to(dtype)
+    if op != "avg" and info.bits < 64:  # sums wrap around as the ranks' own additions do
+        return ((table.to(torch.int64) - info.min) % (1 << info.bits) + info.min).to(dtype)
+    return table.to(dtype)
 
 
 def reduced_pattern(
     world: int, count: int, op: str, dtype: torch.dtype, device: torch.device, offset: int = 0
 ):
     """The reduction over all ranks of elements offset .. offset+count of the pattern."""
-    table = _reduced_period(world, op)
-    if not dtype.is_floating_point and op != "avg" and torch.iinfo(dtype).bits < 64:
-        # Integer sums and products wrap around as the ranks' own additions do (int8 from 19 ranks).
-        info = torch.iinfo(dtype)
-        table = (table.to(torch.int64) - info.min) % (1 << info.bits) + info.min
-    return _window(table, count, offset, dtype, device)
+    return _window(_typed(_reduced_period(world, op), op, dtype), count, offset, dtype, device)
 
 
 def poison(t: torch.Tensor) -> None:
@@ -106,23 +130,42 @@ def poison(t: torch.Tensor) -> None:
 CHECK_CHUNK = 1 << 20  # elements compared at a time: the check's temporaries stay under 48 MiB
 
 
-def count_wrong(got: torch.Tensor, expected: torch.Tensor) -> int:
-    """Elements of ``got`` that differ from ``expected`` beyond the dtype's rounding."""
+def count_wrong(got: torch.Tensor, expected: torch.Tensor, op: str | None = None, world: int = 1) -> int:
+    """Elements of ``got`` that differ from ``expected`` beyond the dtype's rounding.
+
+    For a float reduction over ``world`` ranks (``op``) the rounding of the ranks' additions
+    counts too: a sum adds whole numbers exactly until it passes 2**p (p: the dtype's digits,
+    11 for float16, 8 for bfloat16), and after that each addition may round by a unit of the
+    last place; an average that scales before it adds (NCCL's) rounds every term. Each allows
+    ``world`` roundings of the result's size. Equal infinities are right; NaN is wrong.
+    """
     if got.numel() == 0:
         return 0
-    if got.dtype.is_floating_point:
-        rtol = {torch.float16: 1e-3, torch.bfloat16: 1e-2}.get(got.dtype, 1e-5)
-        g, e = got.double(), expected.double()
-        return int((~((g - e).abs() <= rtol * e.abs() + 1e-6)).sum().item())  # NaN counts as wrong
-    return int((got != expected).sum().item())
+    if not got.dtype.is_floating_point:
+        return int((got != expected).sum().item())
+    rtol = {torch.float16: 1e-3, torch.bfloat16: 1e-2}.get(got.dtype, 1e-5)
+    g, e = got.double(), expected.double()
+    size = e.abs()
+    allowed = rtol * size + 1e-6
+    if op in ("sum", "avg") and world > 1:
+        unit = 2.0 ** -_DIGITS.get(got.dtype, 53)
+        rounded = size > 1 / unit if op == "sum" else torch.ones_like(size, dtype=torch.bool)
+        allowed = allowed + torch.where(rounded, world * unit * size, 0.0)
+    right = (g == e) | ((g - e).abs() <= allowed)
+    return int((~right).sum().item())
 
 
-def count_wrong_at(got: torch.Tensor, expected_at: Callable[[int, int], torch.Tensor]) -> int:
+_DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
+
+
+def count_wrong_at(
+    got: torch.Tensor, expected_at: Callable[[int, int], torch.Tensor], op: str | None = None, world: int = 1
+) -> int:
     """:func:`count_wrong` of flat ``got`` against ``expected_at(start, n)``, the expected values of
     elements start .. start+n, :data:`CHECK_CHUNK` elements at a time, so that checking a message
     of any size takes a bounded amount of memory beside it."""
     return sum(
-        count_wrong(got[a : a + CHECK_CHUNK], expected_at(a, min(CHECK_CHUNK, got.numel() - a)))
+        count_wrong(got[a : a + CHECK_CHUNK], expected_at(a, min(CHECK_CHUNK, got.numel() - a)), op, world)
         for a in range(0, got.numel(), CHECK_CHUNK)
     )
 
@@ -174,7 +217,9 @@ class AllReduce(_Spec):
 
     def wrong(self, b: Buffers, op, rank, world, root) -> int:
         out = b.output
-        return count_wrong_at(out, lambda a, n: reduced_pattern(world, n, op, out.dtype, out.device, a))
+        return count_wrong_at(
+            out, lambda a, n: reduced_pattern(world, n, op, out.dtype, out.device, a), op, world
+        )
 
 
 class ReduceScatter(_Spec):
@@ -205,7 +250,7 @@ class ReduceScatter(_Spec):
     def wrong(self, b, op, rank, world, root) -> int:
         out, m = b.output, b.output.numel()
         return count_wrong_at(
-            out, lambda a, n: reduced_pattern(world, n, op, out.dtype, out.device, rank * m + a)
+            out, lambda a, n: reduced_pattern(world, n, op, out.dtype, out.device, rank * m + a), op, world
         )
 
 
@@ -278,7 +323,9 @@ class Reduce(_Spec):
         if rank != root:
             return 0
         out = b.output
-        return count_wrong_at(out, lambda a, n: reduced_pattern(world, n, op, out.dtype, out.device, a))
+        return count_wrong_at(
+            out, lambda a, n: reduced_pattern(world, n, op, out.dtype, out.device, a), op, world
+        )
 
 
 class SendRecv(_Spec):
