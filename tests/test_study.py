@@ -75,6 +75,42 @@ def test_bad_preset_names_the_problem(tmp_path, text, needle):
         study.load_study("bad", tmp_path)
 
 
+SCALED = """title = "t"
+reference = "r"
+about = "a"
+[defaults]
+options = { strategies = "ddp", model = "mlp", world-size = 2 }
+full = { options = { world-size = 4, samples = 512 } }
+[[group]]
+label = "one process"
+options = { strategies = "none", world-size = 1 }
+grid = { batch-size = [16] }
+[[group]]
+label = "ranks"
+grid = { batch-size = [16] }
+"""
+
+
+def test_a_group_s_own_options_outrank_the_study_s_full_scale_defaults(tmp_path):
+    """000_backbones' DataParallel group set one rank and the full-scale defaults four: its four
+    runs at --full planned --world-size 4, and each would have failed on its own."""
+    (tmp_path / "scaled.toml").write_text(SCALED)
+    runs = study.plan(study.load_study("scaled", tmp_path), "full", tmp_path / "out")
+    words = [list(r.argv) for r in runs]
+    assert [w[w.index("--world-size") + 1] for w in words] == ["1", "4"]
+    assert all(w[w.index("--samples") + 1] == "512" for w in words)
+    study.validate(runs)
+
+
+def test_a_run_the_launch_would_refuse_is_refused_before_any_runs(tmp_path):
+    (tmp_path / "scaled.toml").write_text(
+        SCALED.replace('strategies = "none", world-size = 1', 'strategies = "none"')
+    )
+    runs = study.plan(study.load_study("scaled", tmp_path), "default", tmp_path / "out")
+    with pytest.raises(ValueError, match="run 1 .*strategy none runs in one process"):
+        study.validate(runs)
+
+
 def test_unknown_study_lists_the_known_ones(capsys):
     assert main(["study", "no-such-study"]) == 2
     err = capsys.readouterr().err

@@ -147,7 +147,8 @@ def load_study(name: str, directory: Path | None = None) -> Study:
                 command=g.get("command", defaults.get("command", "compare")),
                 options=_apply(_apply({}, defaults.get("options", {})), g.get("options", {})),
                 grid=g.get("grid", {}),
-                full=_merge_scale(defaults.get("full", {}), g.get("full", {})),
+                # A group's own options outrank the study's full-scale defaults; its [full] outranks both.
+                full=_merge_scale(defaults.get("full", {}), g.get("full", {}), g.get("options", {})),
                 tiny=_merge_scale(defaults.get("tiny", {}), g.get("tiny", {})),
                 cluster=bool(g.get("cluster", False)),
                 scales=tuple(g.get("scales", SCALES)),
@@ -170,9 +171,13 @@ def load_study(name: str, directory: Path | None = None) -> Study:
     )
 
 
-def _merge_scale(base: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+def _merge_scale(
+    base: dict[str, Any], own: dict[str, Any], between: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A scale's table: the study's defaults for it, then ``between`` (the group's own options,
+    where those outrank the defaults), then the group's own table for it."""
     return {
-        "options": _apply(_apply({}, base.get("options", {})), own.get("options", {})),
+        "options": _apply(_apply(_apply({}, base.get("options", {})), between or {}), own.get("options", {})),
         "grid": {**base.get("grid", {}), **own.get("grid", {})},
         **{k: v for k, v in own.items() if k not in ("options", "grid")},
     }
@@ -323,15 +328,17 @@ def validate(planned: Sequence[Planned]) -> list[Planned]:
         for argv in filter(None, (p.argv, p.local_argv)):
             try:
                 args = parser.parse_args(list(argv))
+                world = 2 if getattr(args, "world_size", None) is None else args.world_size
                 if args.command == "cluster":
                     from commbench.bench import cluster
 
-                    inner = cluster.config_from_args(args).inner
-                    args = parser.parse_args(list(inner) + ["--world-size", "1"])
+                    hosts = cluster.config_from_args(args)
+                    world = hosts.hosts
+                    args = parser.parse_args(list(hosts.inner) + ["--world-size", "1"])
                 if args.command in ("train", "compare"):
                     from commbench.bench import train
 
-                    train.train_config(args)
+                    train.check_launch(train.train_config(args), world, args.device)
                 elif args.command == "sweep":
                     cli.sweep_config(args)
             except (cli.UsageError, ValueError, TypeError) as exc:

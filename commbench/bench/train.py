@@ -253,18 +253,25 @@ def _train_rank(config: Any, device: str) -> list[dict]:
     return rows
 
 
-def cmd_train(config: Any, spec: Any) -> int:
-    from commbench.bench import launch
-    from commbench.bench.records import check_outputs
+def check_launch(config: Any, world_size: int, device: str) -> None:
+    """ValueError for strategies the launch cannot run: one-process ones on several ranks, CUDA-only
+    ones or the batch search off CUDA (also what a study checks of each run before it starts)."""
     from commbench.trainers.sync import CUDA_ONLY
 
     for s in config.strategies:
-        if s in SINGLE_PROCESS and spec.world_size > 1:
+        if s in SINGLE_PROCESS and world_size > 1:
             raise ValueError(f"strategy {s} runs in one process: use --world-size 1")
-        if s in CUDA_ONLY and spec.device != "cuda":
+        if s in CUDA_ONLY and device != "cuda":
             raise ValueError(f"strategy {s} needs --device cuda")
-    if config.batch_size == 0 and spec.device != "cuda":
+    if config.batch_size == 0 and device != "cuda":
         raise ValueError("searching the largest batch (--batch-size 0) needs --device cuda")
+
+
+def cmd_train(config: Any, spec: Any) -> int:
+    from commbench.bench import launch
+    from commbench.bench.records import check_outputs
+
+    check_launch(config, spec.world_size, spec.device)
     check_outputs(json=config.json_path, plot=config.plot_path, writes=launch.writes_outputs())
     if config.dataset != "synthetic":  # a missing or malformed file is reported once, before launching
         from commbench.trainers.data import build_dataset
