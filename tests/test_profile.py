@@ -46,6 +46,12 @@ def test_classify_frames():
     assert profile.classify(
         ["_find_and_load (<frozen importlib._bootstrap>:1)", "<module> (torch/nn/a.py:1)"]
     ) == ("elsewhere")
+    done = [  # a rank that finished first, waiting for the others in the launcher's code
+        "_wrap (torch/distributed/elastic/multiprocessing/api.py:706)",
+        "Event.wait (multiprocessing/synchronize.py:349)",
+        "Condition.wait (multiprocessing/synchronize.py:268)",
+    ]
+    assert profile.classify(done) == "elsewhere"
     stacks = profile.parse_collapsed(["a (x.py:1);b (y.py:2) 7\n", "garbage\n", "c (z.py:3) 2\n"])
     assert stacks == [(["a (x.py:1)", "b (y.py:2)"], 7), (["c (z.py:3)"], 2)]
 
