@@ -170,6 +170,16 @@ def test_an_interrupted_cluster_run_is_not_retried_on_local_ranks(tmp_path, monk
     assert [a[0] for a in started] == ["cluster"] and md is None
 
 
+def test_a_quiet_study_makes_its_cluster_runs_quiet_too(tmp_path, monkeypatch):
+    """-q went to every run but the cluster's, whose command then printed its tables."""
+    monkeypatch.setattr(study, "cluster_available", lambda: None)
+    config = study.StudyConfig(name="001_sync_strategies", out_dir=str(tmp_path / "st"), quiet=True)
+    started, execute = _counting({1: 130})
+    study.run_study(config, execute=execute)
+    (argv,) = started
+    assert argv[0] == "cluster" and argv[-1] == "-q" and argv.index("--") < len(argv) - 1
+
+
 def test_study_command_returns_the_interrupted_code(tmp_path, monkeypatch, capsys):
     started, execute = _counting({1: 130})
     monkeypatch.setattr("commbench.bench.cli.main", execute)  # the runs; study.run is called directly

@@ -194,7 +194,8 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
         if getattr(inner, "json", None):
             with open(inner.json, "a") as f:
                 f.write(json.dumps(dataclasses.asdict(record)) + "\n")
-        print(report(config, hosts, records), flush=True)
+        if not getattr(inner, "quiet", False):  # -q on the command: no tables, the cluster's neither
+            print(report(config, hosts, records), flush=True)
     return 0
 
 

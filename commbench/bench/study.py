@@ -438,7 +438,7 @@ def run_study(
         for p in planned:
             if on_run is not None:
                 on_run(p, len(planned))
-            argv = list(p.argv) + (["-q"] if config.quiet and p.argv[0] != "cluster" else [])
+            argv = list(p.argv) + (["-q"] if config.quiet else [])  # a cluster's: its command's, last
             note = p.note if not why_not else f"local ranks: {why_not}"
             start = time.perf_counter()
             code = arm(execute, argv)
