@@ -385,6 +385,18 @@ def test_summary_across_refuses_runs_of_different_ops(tmp_path, capsys):
     assert "runs of one sweep" in err and "float32, sum" in err and "float32, max" in err
 
 
+def test_summary_across_takes_runs_whose_root_does_nothing(tmp_path, capsys):
+    runs = []
+    for root in (0, 1):
+        path = _run_file(tmp_path / f"root{root}.jsonl", 4, {1024: 1.0})
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text(
+            "".join(json.dumps({**r, "root": root} if r["type"] == "sweep" else r) + "\n" for r in rows)
+        )
+        runs.append(str(path))
+    assert main(["summary", "--across", *runs]) == 0  # all_reduce has no root
+
+
 def test_summary_across_refuses_runs_timed_in_different_blocks(tmp_path, capsys):
     a = _run_file(tmp_path / "a.jsonl", 4, {1024: 1.0})  # no block field: interleaved call by call
     b = _run_file(tmp_path / "b.jsonl", 4, {1024: 1.0}, block=25)

@@ -77,6 +77,8 @@ def test_stats():
         ({"algorithms": ("ring@0",)}, "at least 1 byte"),
         ({"algorithms": ("ring@two",)}, "at least 1 byte"),
         ({"algorithms": ("ring@",)}, "at least 1 byte"),
+        # passed the config, then failed in every rank's first call
+        ({"algorithms": (f"ring@{(1 << 62) + 1}",)}, "at most 2[*][*]62"),
         ({"algorithms": ("bogus@2M",)}, "unknown algorithm 'bogus'"),
     ],
 )

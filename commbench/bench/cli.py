@@ -367,7 +367,10 @@ def _what(records: list[dict]) -> tuple:
     (block 1)."""
     first = next((r for r in records if r.get("type") == "sweep"), {})
     what = tuple(first.get(k, "?") for k in ("collective", "world_size", "backend", "dtype"))
-    return (*what, first.get("block", 1), first.get("op"), first.get("device", "cpu"), first.get("root", 0))
+    root = (
+        first.get("root", 0) if first.get("collective") in ("broadcast", "reduce") else 0
+    )  # others have none
+    return (*what, first.get("block", 1), first.get("op"), first.get("device", "cpu"), root)
 
 
 def _describe(what: tuple) -> str:

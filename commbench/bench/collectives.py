@@ -180,9 +180,10 @@ def series_parts(series: str) -> tuple[str, int | None]:
         segment = parse_size(size)
     except ValueError:
         segment = 0
-    if segment < 1:
+    if not 1 <= segment <= comm.MAX_SEGMENT_BYTES:
         raise ValueError(
-            f"{series!r}: the segment after @ must be a size of at least 1 byte (bytes or K/M/G: ring@2M)"
+            f"{series!r}: the segment after @ must be a size of at least 1 byte and at most 2**62 "
+            "(bytes or K/M/G: ring@2M)"
         )
     return algorithm, segment
 

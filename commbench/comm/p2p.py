@@ -5,7 +5,7 @@ matching sends and receives grouped into one call or a ring deadlocks, so on NCC
 through ``batch_isend_irecv``; gloo takes plain ``isend``/``irecv``, which cost less per call. gloo moves
 host memory only, so CUDA tensors on gloo are staged through host copies.
 
-Two ranks on gloo get one connection per direction (:func:`enable_duplex`). gloo joins each
+A job of two ranks on gloo gets one connection per direction (:func:`enable_duplex`). gloo joins each
 pair of ranks in a group by one connection, and two ranks exchanging through it were measured
 to move data closer to half duplex than full. In a ring of more than two ranks each connection
 carries one direction anyway (a rank sends right and receives from the left), but with two
