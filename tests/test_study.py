@@ -260,3 +260,18 @@ def test_a_cpu_study_at_full_scale_is_not_refused_without_cuda(tmp_path, monkeyp
     config = study.StudyConfig(name="001_sync_strategies", scale="full", out_dir=str(tmp_path / "st"))
     outcomes, md = study.run_study(config, execute=execute)
     assert len(started) == 1 and "--device" not in started[0] and md is None
+
+
+def test_bytes_per_epoch_are_for_a_whole_pass_over_the_training_set():
+    """000_backbones runs four steps an epoch: as run, every batch size showed the same bytes."""
+    gradient, wire = study.METRICS["grad_mb_per_epoch"][2], study.METRICS["wire_mb_per_rank_per_epoch"][2]
+    summary = {
+        "syncs_per_epoch": 4,
+        "samples": 1024,
+        "grad_bytes_per_epoch": 4_000_000,
+        "wire_bytes_per_rank_per_epoch": [8_000_000, 6_000_000],
+    }
+    small, large = {**summary, "global_batch": 32}, {**summary, "global_batch": 128}
+    assert gradient(None, small) == pytest.approx(32.0) and gradient(None, large) == pytest.approx(8.0)
+    assert wire(None, small) == pytest.approx(64.0)
+    assert gradient(None, {k: v for k, v in small.items() if k != "samples"}) == pytest.approx(4.0)

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import dataclasses
 import itertools
+import math
 import shlex
 import signal
 import statistics
@@ -542,6 +543,15 @@ def _epoch_time(s: dict[str, Any]) -> float:
     return s["later_epoch_time_s"] if s.get("later_epoch_time_s") is not None else s["first_epoch_time_s"]
 
 
+def _whole_pass(summary: dict[str, Any], per_epoch: int) -> float:
+    """MB of ``per_epoch`` bytes (over the epoch's syncs) for a whole pass over the training set:
+    ceil(samples / global batch) syncs (files written before ``samples`` was recorded: as run)."""
+    syncs, samples = summary["syncs_per_epoch"], summary.get("samples")
+    if not samples or not syncs:
+        return per_epoch / 1e6
+    return per_epoch / syncs * math.ceil(samples / summary["global_batch"]) / 1e6
+
+
 def _grad_gbps(s: dict[str, Any]) -> float | None:
     wire = s.get("wire_bytes_per_rank_per_epoch")
     if not wire or not s.get("comm_ms") or not s.get("syncs_per_epoch"):
@@ -584,12 +594,16 @@ METRICS: dict[str, tuple[str, str, Callable[[rp.Run, dict[str, Any]], Any]]] = {
     "final_accuracy": ("accuracy", ".3f", lambda r, s: s["final_accuracy"]),
     "lr": ("lr", ".4g", lambda r, s: s["lr"]),
     "epochs_to_threshold": ("epochs to loss threshold", "d", lambda r, s: s["epochs_to_threshold"]),
-    "grad_mb_per_epoch": ("gradient MB/epoch", ".2f", lambda r, s: s["grad_bytes_per_epoch"] / 1e6),
+    # Per whole pass over the training set, as the studies count them: runs capped at a few steps
+    # an epoch (--steps-per-epoch) would otherwise show the same bytes at every batch size and rank count.
+    "grad_mb_per_epoch": ("gradient MB/epoch", ".2f", lambda r, s: _whole_pass(s, s["grad_bytes_per_epoch"])),
     "wire_mb_per_rank_per_epoch": (
         "wire MB/rank/epoch",
         ".2f",
         lambda r, s: (
-            max(s["wire_bytes_per_rank_per_epoch"]) / 1e6 if s["wire_bytes_per_rank_per_epoch"] else None
+            _whole_pass(s, max(s["wire_bytes_per_rank_per_epoch"]))
+            if s["wire_bytes_per_rank_per_epoch"]
+            else None
         ),
     ),
     "grad_gbps": ("gradient GB/s", ".3f", lambda r, s: _grad_gbps(s)),

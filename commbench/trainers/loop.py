@@ -213,6 +213,7 @@ class TrainSummary:
     grad_bytes_per_epoch: int
     wire_bytes_per_rank_per_epoch: list[int] | None
     step_time_ratio_to_ddp: float | None
+    samples: int | None = None  # the training set's size: a whole pass is ceil(samples / global batch) syncs
     type: str = "train_summary"
 
 
@@ -519,6 +520,7 @@ def summarise(
             else None
         ),
         syncs_per_epoch=syncs,
+        samples=num_samples,
         grad_bytes_per_epoch=grad_bytes_per_epoch(sum(numels), itemsize, syncs),
         wire_bytes_per_rank_per_epoch=[w * syncs for w in wire] if wire is not None else None,
         step_time_ratio_to_ddp=None,
