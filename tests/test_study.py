@@ -275,3 +275,11 @@ def test_bytes_per_epoch_are_for_a_whole_pass_over_the_training_set():
     assert gradient(None, small) == pytest.approx(32.0) and gradient(None, large) == pytest.approx(8.0)
     assert wire(None, small) == pytest.approx(64.0)
     assert gradient(None, {k: v for k, v in small.items() if k != "samples"}) == pytest.approx(4.0)
+
+
+def test_gradient_rate_is_not_shown_where_nothing_moved():
+    rate = study.METRICS["grad_gbps"][2]
+    one = {"wire_bytes_per_rank_per_epoch": [0], "comm_ms": 0.5, "syncs_per_epoch": 4}
+    assert rate(None, one) is None  # was 0.000 at one rank
+    two = {**one, "wire_bytes_per_rank_per_epoch": [4_000_000, 4_000_000]}
+    assert rate(None, two) == pytest.approx(4_000_000 / 4 / 0.5e-3 / 1e9)

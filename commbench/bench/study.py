@@ -554,8 +554,8 @@ def _whole_pass(summary: dict[str, Any], per_epoch: int) -> float:
 
 def _grad_gbps(s: dict[str, Any]) -> float | None:
     wire = s.get("wire_bytes_per_rank_per_epoch")
-    if not wire or not s.get("comm_ms") or not s.get("syncs_per_epoch"):
-        return None
+    if not wire or not max(wire) or not s.get("comm_ms") or not s.get("syncs_per_epoch"):
+        return None  # one rank moves nothing: no rate to show
     return max(wire) / s["syncs_per_epoch"] / (s["comm_ms"] / 1e3) / 1e9
 
 
