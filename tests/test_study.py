@@ -185,7 +185,13 @@ def test_study_command_returns_the_interrupted_code(tmp_path, monkeypatch, capsy
     monkeypatch.setattr("commbench.bench.cli.main", execute)  # the runs; study.run is called directly
     args = build_parser().parse_args(["study", "000_backbones", "-q", "-o", str(tmp_path / "st")])
     assert study.run(args) == 130 and len(started) == 1
-    assert "report:" not in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "report:" not in captured.out
+    # the run's own line named only its own file: now where every finished run's records are, too
+    where = tmp_path / "st" / "runs"
+    assert captured.err.strip().endswith(
+        f"stopped with 0 run(s) finished; their records are in {where} (no report: it needs every run)"
+    )
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["term", "hup"])

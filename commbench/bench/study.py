@@ -19,6 +19,7 @@ import math
 import shlex
 import signal
 import statistics
+import sys
 import threading
 import time
 import tomllib
@@ -960,6 +961,12 @@ def run(args: argparse.Namespace) -> int:
 
     outcomes, md = run_study(config, on_run=announce)
     if md is None:  # a run was interrupted and said so in one line; its records and earlier runs stay
+        done = sum(o.returncode == 0 for o in outcomes)
+        print(
+            f"commbench study: stopped with {done} run(s) finished; their records are in "
+            f"{Path(config.directory) / 'runs'} (no report: it needs every run)",
+            file=sys.stderr,
+        )
         return outcomes[-1].returncode
     failed = [o for o in outcomes if o.returncode != 0]
     print(f"report: {md}  {md.with_suffix('.html')}" + (f"  ({len(failed)} run(s) failed)" if failed else ""))
