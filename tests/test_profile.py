@@ -168,6 +168,16 @@ def test_a_run_that_cannot_profile_leaves_no_directory(tmp_path, monkeypatch, ca
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["bandwidth", "summary", "study"])
+def test_a_command_without_ranks_is_refused_in_one_line(command, capsys):
+    """bandwidth ran, then profile said no rank process was seen and exited 1."""
+    from commbench.bench.cli import main
+
+    assert main(["profile", "--", command]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"not {command!r}" in err
+
+
 def test_bad_input_to_the_profiled_command_is_its_one_line_and_exit_2(py_spy, tmp_path):
     out = tmp_path / "prof"
     done = subprocess.run(

@@ -114,9 +114,9 @@ class ProfileConfig:
     def __post_init__(self) -> None:
         if not self.inner:
             raise ValueError("no command after '--' (e.g. commbench profile -- compare --world-size 2)")
-        if self.inner[0] in ("profile", "study", "report"):
-            raise ValueError(
-                f"profile runs sweep, train, compare, cluster and the like, not {self.inner[0]!r}"
+        if self.inner[0] in ("profile", "study", "report", "summary", "bandwidth"):
+            raise ValueError(  # bandwidth, summary and report start no ranks: nothing would be sampled
+                f"profile samples the ranks of sweep, train, compare, demo or cluster, not {self.inner[0]!r}"
             )
         if not 1 <= self.rate_hz <= 10000:
             raise ValueError(f"--rate must be in 1..10000 samples per second, got {self.rate_hz}")
