@@ -44,6 +44,8 @@ SUMMARY_KEYS = (
         (["train", "--lr", "0"], "lr"),
         (["train", "--lr", "nan"], "lr"),
         (["train", "--bucket-cap-mb", "-1"], "bucket cap"),
+        (["train", "--global-batch", "0"], "global batch must be >= 1"),
+        (["compare", "--global-batch", "2", "--world-size", "3"], "gives no sample to each of 3 ranks"),
         # Under a byte, the cap used to pass here and fail ddp's byte count after a whole epoch.
         (["train", "--bucket-cap-mb", "1e-7"], "bucket cap mb must be at least 1 byte"),
         (["train", "--first-bucket-mb", "1e-7"], "first bucket mb must be at least 1 byte"),
@@ -61,6 +63,15 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv: list[str], needle: str) 
     err = capsys.readouterr().err
     assert needle in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_global_batch_is_split_over_the_ranks(tmp_path) -> None:
+    """001's full scale keeps the study's global batch of 256 at every worker count, as it did."""
+    out = tmp_path / "gb.jsonl"
+    argv = ["train", "--strategy", "ring", "--global-batch", "64", "--world-size", "3", *TINY]
+    assert main([*argv, "-q", "--no-probe", "--json", str(out)]) == 0
+    (summary,) = [r for r in map(json.loads, out.read_text().splitlines()) if r["type"] == "train_summary"]
+    assert (summary["batch_size"], summary["global_batch"], summary["world_size"]) == (21, 63, 3)
 
 
 def test_batch_search_needs_cuda(capsys) -> None:

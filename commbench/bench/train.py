@@ -39,6 +39,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--batch-size", type=int, default=64, help="per-rank batch (default 64; 0 = largest that fits, CUDA)"
     )
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        help="batch over all ranks, split between them (each takes its floor share); overrides --batch-size",
+    )
     p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument(
@@ -117,6 +123,7 @@ def train_config(args: argparse.Namespace) -> Any:
         epochs=args.epochs,
         steps_per_epoch=args.steps_per_epoch,
         batch_size=args.batch_size,
+        global_batch=args.global_batch,
         lr=args.lr,
         momentum=args.momentum,
         lr_scaling=args.lr_scaling,
@@ -263,7 +270,11 @@ def check_launch(config: Any, world_size: int, device: str) -> None:
             raise ValueError(f"strategy {s} runs in one process: use --world-size 1")
         if s in CUDA_ONLY and device != "cuda":
             raise ValueError(f"strategy {s} needs --device cuda")
-    if config.batch_size == 0 and device != "cuda":
+    if config.global_batch is not None:
+        from commbench.trainers.loop import per_rank_batch
+
+        per_rank_batch(config.global_batch, world_size)
+    elif config.batch_size == 0 and device != "cuda":
         raise ValueError("searching the largest batch (--batch-size 0) needs --device cuda")
 
 

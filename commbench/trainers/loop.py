@@ -47,6 +47,7 @@ class TrainConfig:
     epochs: int = 1
     steps_per_epoch: int | None = None
     batch_size: int = 64
+    global_batch: int | None = None  # split over the ranks (each takes its floor share); overrides batch_size
     lr: float = 0.01
     momentum: float = 0.9
     lr_scaling: str = "none"
@@ -91,7 +92,7 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.batch_size < 0:
             raise ValueError(f"batch size must be >= 1 (or 0 to search the largest), got {self.batch_size}")
-        for name in ("steps_per_epoch", "samples", "reference_batch"):
+        for name in ("steps_per_epoch", "samples", "reference_batch", "global_batch"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name.replace('_', ' ')} must be >= 1, got {value}")
@@ -604,9 +605,19 @@ def find_max_batch(
     return found
 
 
+def per_rank_batch(global_batch: int, world: int) -> int:
+    """Each rank's share of ``global_batch``; ValueError where it is less than one sample."""
+    if global_batch < world:
+        raise ValueError(f"a global batch of {global_batch} gives no sample to each of {world} ranks")
+    return global_batch // world
+
+
 def _batch_size(config: TrainConfig, samples: int, device: torch.device, world: int) -> int:
     """The configured per-rank batch; for 0, the largest that fits in memory and in this rank's
-    share of the data, agreed on by every rank (the smallest of their findings)."""
+    share of the data, agreed on by every rank (the smallest of their findings). A global batch is
+    split over the ranks, each taking its floor share (256 on 3 ranks: 85 each)."""
+    if config.global_batch:
+        return per_rank_batch(config.global_batch, world)
     if config.batch_size:
         return config.batch_size
     if samples // world == 0:
