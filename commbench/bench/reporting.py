@@ -656,6 +656,7 @@ def baseline_section(runs: Sequence[Run], baselines: Sequence[Run], plots: _Plot
     ]
     now, base = _busbw_map(runs), _busbw_map(baselines)
     common = sorted(k for k in now if k in base)
+    mixed = len({k[4:] for k in common}) > 1  # several dtypes or ops: the plot's labels name them
     if common:
         rows = [
             [
@@ -692,7 +693,7 @@ def baseline_section(runs: Sequence[Run], baselines: Sequence[Run], plots: _Plot
         blocks += plots.add(
             "baseline-busbw",
             lambda p: _ratio_plot(
-                [f"{k[2]} {_size(k[3])}" for k in common],
+                [f"{k[2]} {_size(k[3])}" + (f" {k[4]} {k[5]}" if mixed else "") for k in common],
                 [now[k] / base[k] if base[k] else None for k in common],
                 p,
                 "busbw / baseline",
