@@ -80,3 +80,16 @@ def test_the_baseline_compares_points_of_one_dtype_only(tmp_path):
     ]
     assert len(rows) == 2 and all(r.rstrip(" |").endswith("4.00") for r in rows), rows  # not 2.00
     assert all("| float32 | sum |" in r for r in rows), rows
+
+
+def test_the_baseline_plot_names_dtypes_where_there_are_several(tmp_path, monkeypatch):
+    from commbench.bench import reporting
+
+    labels = []
+    monkeypatch.setattr(reporting, "_ratio_plot", lambda names, *a, **k: labels.append(list(names)))
+    both = BESIDE + [{**r, "dtype": "float64"} for r in BESIDE]
+    for name in ("now", "base"):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in both))
+    argv = ["report", "-o", str(tmp_path / "out"), str(tmp_path / "now.jsonl"), "--baseline"]
+    assert main([*argv, str(tmp_path / "base.jsonl")]) == 0
+    assert "builtin 4K float32 sum" in labels[0] and "builtin 4K float64 sum" in labels[0], labels
