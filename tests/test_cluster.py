@@ -160,6 +160,9 @@ def test_a_failed_build_step_is_one_line_and_exit_1(monkeypatch, capsys):
         (["--hosts", "2"], "no command after '--'"),
         (["--hosts", "2", "--", "summary", "x"], "not 'summary'"),
         (["--hosts", "2", "--jitter", "5us", "--", "sweep"], "jitter needs a delay"),
+        # each host's rank refused these, after the cluster was built
+        (["--hosts", "3", "--", "compare", "--global-batch", "2"], "gives no sample to each of 3 ranks"),
+        (["--hosts", "3", "--", "compare", "--strategies", "dp"], "runs in one process"),
         (["--hosts", "2", "--", "sweep", "-b", "nope"], "not a size"),
         (["--hosts", "2", "--", "sweep", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),
         (["--hosts", "2", "--", "train", "--plot", "steps.txt"], "must end in one of"),

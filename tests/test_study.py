@@ -104,11 +104,18 @@ def test_a_group_s_own_options_outrank_the_study_s_full_scale_defaults(tmp_path)
 
 def test_a_run_the_launch_would_refuse_is_refused_before_any_runs(tmp_path):
     (tmp_path / "scaled.toml").write_text(
-        SCALED.replace('strategies = "none", world-size = 1', 'strategies = "none"')
+        SCALED.replace('strategies = "none", world-size = 1', 'strategies = "none", world-size = 2')
     )
     runs = study.plan(study.load_study("scaled", tmp_path), "default", tmp_path / "out")
     with pytest.raises(ValueError, match="run 1 .*strategy none runs in one process"):
         study.validate(runs)
+
+
+def test_a_one_process_run_without_a_world_size_is_one_rank_as_the_cli_runs_it(tmp_path):
+    solo = 'title = "t"\nreference = "r"\nabout = "a"\n'
+    solo += '[[group]]\noptions = { strategies = "none", model = "mlp" }\n'
+    (tmp_path / "solo.toml").write_text(solo)
+    study.validate(study.plan(study.load_study("solo", tmp_path), "default", tmp_path / "out")[:1])
 
 
 def test_unknown_study_lists_the_known_ones(capsys):

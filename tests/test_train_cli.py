@@ -46,6 +46,7 @@ SUMMARY_KEYS = (
         (["train", "--bucket-cap-mb", "-1"], "bucket cap"),
         (["train", "--global-batch", "0"], "global batch must be >= 1"),
         (["compare", "--global-batch", "2", "--world-size", "3"], "gives no sample to each of 3 ranks"),
+        (["compare", "--global-batch", "64", "--batch-size", "0"], "cannot go with --batch-size 0"),
         # Under a byte, the cap used to pass here and fail ddp's byte count after a whole epoch.
         (["train", "--bucket-cap-mb", "1e-7"], "bucket cap mb must be at least 1 byte"),
         (["train", "--first-bucket-mb", "1e-7"], "first bucket mb must be at least 1 byte"),
@@ -72,6 +73,14 @@ def test_a_global_batch_is_split_over_the_ranks(tmp_path) -> None:
     assert main([*argv, "-q", "--no-probe", "--json", str(out)]) == 0
     (summary,) = [r for r in map(json.loads, out.read_text().splitlines()) if r["type"] == "train_summary"]
     assert (summary["batch_size"], summary["global_batch"], summary["world_size"]) == (21, 63, 3)
+
+
+def test_linear_scaling_keeps_the_lr_of_a_global_batch_at_every_world_size() -> None:
+    from commbench.trainers.loop import TrainConfig
+
+    config = TrainConfig(lr=0.01, lr_scaling="linear", global_batch=256)
+    assert [config.effective_lr(256 // w, w) for w in (1, 2, 4)] == pytest.approx([0.01] * 3)
+    assert TrainConfig(lr=0.01, lr_scaling="linear").effective_lr(64, 4) == pytest.approx(0.04)
 
 
 def test_batch_search_needs_cuda(capsys) -> None:

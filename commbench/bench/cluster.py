@@ -166,6 +166,10 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
     inner = build_parser().parse_args(list(config.inner))  # bad inner input: exit 2 before building
     _check_outputs(inner)
     args.json = inner.json  # an interruption's one line names where the finished points are
+    if inner.command in ("train", "compare"):  # each host's rank would refuse it, after the build
+        from commbench.bench import train
+
+        train.check_launch(train.train_config(inner), config.hosts, inner.device)
     if inner.command == "sweep":  # every host's rank lives in this machine's memory
         from commbench.bench import cli, launch
 

@@ -5,6 +5,9 @@ and ``[[group]]`` tables; each group is one commbench command (sweep, train or c
 ``options`` (command-line flags without the dashes) and a ``grid`` (flag -> list of values) whose
 product gives the group's runs. ``[group.full]`` / ``[group.tiny]`` change options and grid at
 ``--full`` (the study's original sizes, for GPU clusters) and ``--tiny`` (a smoke test) scale.
+At ``--full`` a group's own options outrank the study's ``[defaults.full]`` and its own
+``[group.full]`` outranks both; at ``--tiny`` the study's ``[defaults.tiny]`` shrinks every
+group's options, and ``[group.tiny]`` comes last.
 Groups with ``cluster = true`` run under ``commbench cluster`` (one host per rank) where it can be
 built, and on local ranks otherwise; the report says which.
 """
@@ -340,7 +343,10 @@ def validate(planned: Sequence[Planned]) -> list[Planned]:
                 if args.command in ("train", "compare"):
                     from commbench.bench import train
 
-                    train.check_launch(train.train_config(args), world, args.device)
+                    config = train.train_config(args)
+                    if args.world_size is None and set(config.strategies) <= set(train.SINGLE_PROCESS):
+                        world = 1  # as the CLI runs none, dp and vanilla-dp alone
+                    train.check_launch(config, world, args.device)
                 elif args.command == "sweep":
                     cli.sweep_config(args)
             except (cli.UsageError, ValueError, TypeError) as exc:
@@ -597,9 +603,13 @@ METRICS: dict[str, tuple[str, str, Callable[[rp.Run, dict[str, Any]], Any]]] = {
     "epochs_to_threshold": ("epochs to loss threshold", "d", lambda r, s: s["epochs_to_threshold"]),
     # Per whole pass over the training set, as the studies count them: runs capped at a few steps
     # an epoch (--steps-per-epoch) would otherwise show the same bytes at every batch size and rank count.
-    "grad_mb_per_epoch": ("gradient MB/epoch", ".2f", lambda r, s: _whole_pass(s, s["grad_bytes_per_epoch"])),
+    "grad_mb_per_epoch": (
+        "gradient MB/pass over the data",
+        ".2f",
+        lambda r, s: _whole_pass(s, s["grad_bytes_per_epoch"]),
+    ),
     "wire_mb_per_rank_per_epoch": (
-        "wire MB/rank/epoch",
+        "wire MB/rank/pass over the data",
         ".2f",
         lambda r, s: (
             _whole_pass(s, max(s["wire_bytes_per_rank_per_epoch"]))

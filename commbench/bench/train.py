@@ -51,7 +51,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "--lr-scaling",
         choices=("none", "linear"),
         default="none",
-        help="linear: lr x global batch / --reference-batch (default: the per-rank batch)",
+        help="linear: lr x global batch / --reference-batch (default: --global-batch, else per-rank batch)",
     )
     p.add_argument("--reference-batch", type=int, default=None, help="batch the given --lr was tuned for")
     p.add_argument("--seed", type=int, default=0, help="seed of model and data (default 0)")
@@ -273,6 +273,8 @@ def check_launch(config: Any, world_size: int, device: str) -> None:
     if config.global_batch is not None:
         from commbench.trainers.loop import per_rank_batch
 
+        if config.batch_size == 0:
+            raise ValueError("--global-batch sets the batch; it cannot go with --batch-size 0 (the search)")
         per_rank_batch(config.global_batch, world_size)
     elif config.batch_size == 0 and device != "cuda":
         raise ValueError("searching the largest batch (--batch-size 0) needs --device cuda")

@@ -136,7 +136,8 @@ class TrainConfig:
         """The learning rate after scaling with the global batch (linear rule) if asked for."""
         if self.lr_scaling == "none":
             return self.lr
-        reference = self.reference_batch or batch_size
+        # A global batch is the batch the lr goes with: it stays put as ranks are added.
+        reference = self.reference_batch or self.global_batch or batch_size
         return self.lr * batch_size * world_size / reference
 
 
