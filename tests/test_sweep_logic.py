@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commbench.bench.collectives import count_wrong, pattern, poison, reduced_pattern
+from commbench.bench.collectives import COPY, count_wrong, pattern, poison, reduced_pattern
 from commbench.bench.sweep import LIMIT, SweepConfig, sizes, stats_us
 from commbench.units import format_size, parse_size
 
@@ -175,10 +175,14 @@ def test_a_chunk_handed_to_the_wrong_rank_is_counted(op, world, per_rank):
 
 
 def test_every_rank_gives_a_different_block_to_gather():
-    blocks = [pattern(r, 512, "sum", torch.float64, CPU) for r in range(64)]
-    for r in range(64):
-        for q in range(r):
-            assert count_wrong(blocks[r], blocks[q]) > 0, (r, q)
+    """With the reductions' pattern, 3 of the pairs of 8 ranks had the same first 4 elements, and an
+    all_gather that swapped two such blocks counted 0 wrong."""
+    blocks = torch.stack([pattern(r, 4, COPY, torch.float64, CPU) for r in range(300)])
+    for r in range(300):
+        same = (blocks == blocks[r]).all(dim=1)
+        assert int(same.sum()) == 1, (r, torch.nonzero(same).flatten().tolist())
+    near = torch.stack([pattern(r, 4, COPY, torch.float64, CPU) for r in range(100)])
+    assert bool((near[:, None, :] != near[None, :, :]).all(dim=2).fill_diagonal_(True).all())  # all along
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -218,6 +222,32 @@ def _in_the_ranks_arithmetic(world: int, op: str, dtype: torch.dtype, count: int
             else [step[op](xs[0], xs[1]), *xs[2:]]
         )
     return xs[0]
+
+
+@pytest.mark.parametrize(
+    "dtype, op, world, twice_shows",
+    [
+        # allowing world * 2**-p of the result let all zeros pass; a rank's 1 to 4 more is below
+        # bfloat16's resolution at sums of about 768 (a unit in the last place is 4)
+        (torch.bfloat16, "sum", 256, False),
+        (torch.bfloat16, "sum", 64, True),
+        (torch.float16, "avg", 32, True),
+        (torch.float16, "sum", 256, True),
+        (torch.float32, "avg", 256, True),
+    ],
+)
+def test_a_float_result_with_a_rank_too_many_or_none_is_wrong(dtype, op, world, twice_shows):
+    from commbench.bench.collectives import SPECS
+
+    spec = SPECS["all_reduce"]
+    b = spec.make(4096, dtype, CPU, 0, world, op, 0)
+    b.output.zero_()
+    assert spec.wrong(b, op, 0, world, 0) == 4096
+    twice = _in_the_ranks_arithmetic(world, op, dtype, 4096, True).double()
+    twice += pattern(0, 4096, op, torch.float64, CPU) / (world if op == "avg" else 1)
+    b.output.copy_(twice.to(dtype))
+    if twice_shows:
+        assert spec.wrong(b, op, 0, world, 0) > 4096 * 0.8
 
 
 @pytest.mark.parametrize(
@@ -399,10 +429,10 @@ def _expected_whole(name, world, rank, root, m, op, dtype):
     if name == "reduce_scatter":
         return reduced_pattern(world, m * world, op, dtype, cpu)[rank * m : (rank + 1) * m]
     if name == "all_gather":
-        return torch.cat([pattern(r, m, "sum", dtype, cpu) for r in range(world)])
+        return torch.cat([pattern(r, m, COPY, dtype, cpu) for r in range(world)])
     if name == "broadcast":
-        return pattern(root, m, "sum", dtype, cpu)
-    return pattern((rank - 1) % world, m, "sum", dtype, cpu)  # sendrecv: the left neighbour's input
+        return pattern(root, m, COPY, dtype, cpu)
+    return pattern((rank - 1) % world, m, COPY, dtype, cpu)  # sendrecv: the left neighbour's input
 
 
 @pytest.mark.parametrize(

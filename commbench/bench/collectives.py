@@ -10,12 +10,16 @@ second is rank r's turn in a sequence that spreads every level evenly over conse
 (the fractional parts of multiples of the golden ratio), started at a place hashed from i. So
 every element's sum over ranks stays near 3 per rank (bfloat16 adds it exactly up to 84 ranks,
 int8 up to 41), a product of 1s and 2s near 2**(ranks / 2), and yet the expected result of every
-op varies from element to element at any world size, and two ranks' inputs differ. Data in the
-wrong place (a chunk sent to the wrong rank, a result shifted by a few elements, a block from
-the wrong rank) differs from the expected result, unless it moved by a multiple of
-:data:`PERIOD` elements, after which the pattern repeats. Expected results are computed as the
-ranks compute them where that matters: integer sums and products wrap around, and a float
-product past the dtype's range is inf.
+op varies from element to element at any world size. Data in the wrong place (a chunk sent to
+the wrong rank, a result shifted by a few elements) differs from the expected result, unless it
+moved by a multiple of :data:`PERIOD` elements, after which the pattern repeats.
+
+Collectives that reduce nothing (all_gather, broadcast, send/recv) take a pattern of their own
+with 100 values (:data:`COPY`), in which two ranks' inputs differ in every element (nearly every
+one, for ranks a multiple of 100 apart), so that a short block from the wrong rank shows too.
+
+Expected results are computed as the ranks compute them where that matters: integer sums and
+products wrap around, and a float product past the dtype's range is inf.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class Buffers:
 
 PERIOD = 65521  # the largest prime below 2**16: a rank's pattern repeats after this many elements
 GOLDEN = (5**0.5 - 1) / 2  # its multiples' fractional parts: the ranks' turns in the rank part
+COPY = "copy"  # the pattern of collectives that move data without reducing it
 
 
 @functools.lru_cache(maxsize=4)
@@ -61,6 +66,8 @@ def _hashed(salt: int, values: int) -> torch.Tensor:
 @functools.lru_cache(maxsize=8)
 def _period_of(rank: int, op: str) -> torch.Tensor:
     """Elements 0 .. PERIOD-1 of rank ``rank``'s input (int64, on the CPU)."""
+    if op == COPY:  # nothing is reduced: 100 values, and two ranks' inputs differ all along
+        return 1 + (_hashed(0xD1CE, 100) + rank + (1 + _hashed(0xFACE, 99)) * (rank // 100)) % 100
     turn = torch.frac((_hashed(0xC0FFEE, PERIOD) + rank).double() * GOLDEN)
     if op == "prod":
         return 1 + (turn < 0.5).long()
@@ -134,10 +141,12 @@ def count_wrong(got: torch.Tensor, expected: torch.Tensor, op: str | None = None
     """Elements of ``got`` that differ from ``expected`` beyond the dtype's rounding.
 
     For a float reduction over ``world`` ranks (``op``) the rounding of the ranks' additions
-    counts too: a sum adds whole numbers exactly until it passes 2**p (p: the dtype's digits,
-    11 for float16, 8 for bfloat16), and after that each addition may round by a unit of the
-    last place; an average that scales before it adds (NCCL's) rounds every term. Each allows
-    ``world`` roundings of the result's size. Equal infinities are right; NaN is wrong.
+    counts too. A sum adds whole numbers exactly until it passes 2**p (p: the dtype's digits, 11
+    for float16, 8 for bfloat16); past that, ranks adding in turn round each partial sum by up
+    to half a unit of its last place, and the partial sums grow to the result about evenly: at
+    most (world / 2 + 1) * 2**-p * |result| in all, less the whole-number part below 2**p. An
+    average that scales each term before it adds (NCCL's) rounds from the first term on. Equal
+    infinities are right; NaN is wrong.
     """
     if got.numel() == 0:
         return 0
@@ -148,9 +157,11 @@ def count_wrong(got: torch.Tensor, expected: torch.Tensor, op: str | None = None
     size = e.abs()
     allowed = rtol * size + 1e-6
     if op in ("sum", "avg") and world > 1:
-        unit = 2.0 ** -_DIGITS.get(got.dtype, 53)
-        rounded = size > 1 / unit if op == "sum" else torch.ones_like(size, dtype=torch.bool)
-        allowed = allowed + torch.where(rounded, world * unit * size, 0.0)
+        exact = 2.0 ** _DIGITS.get(got.dtype, 53)
+        rounding = (world / 2 + 1) * size / exact
+        if op == "sum":  # below 2**p the additions were exact
+            rounding = torch.where(size > exact, rounding * (1 - (exact / size.clamp(min=exact)) ** 2), 0.0)
+        allowed = allowed + rounding
     right = (g == e) | ((g - e).abs() <= allowed)
     return int((~right).sum().item())
 
@@ -267,7 +278,7 @@ class AllGather(_Spec):
         return Buffers(
             torch.empty(m, dtype=dtype, device=device),
             torch.empty(count, dtype=dtype, device=device),
-            pattern(rank, m, "sum", dtype, device),
+            pattern(rank, m, COPY, dtype, device),
         )
 
     def call(self, b, algorithm, op, root, group, workspace, segment_bytes) -> None:
@@ -283,7 +294,7 @@ class AllGather(_Spec):
             parts = []
             for r in range(a // m, (a + n - 1) // m + 1):
                 lo, hi = max(a, r * m), min(a + n, (r + 1) * m)
-                parts.append(pattern(r, hi - lo, "sum", out.dtype, out.device, lo - r * m))
+                parts.append(pattern(r, hi - lo, COPY, out.dtype, out.device, lo - r * m))
             return torch.cat(parts)
 
         return count_wrong_at(out, expected_at)
@@ -295,7 +306,7 @@ class Broadcast(_Spec):
 
     def make(self, count, dtype, device, rank, world, op, root) -> Buffers:
         t = torch.empty(count, dtype=dtype, device=device)
-        ref = pattern(root, count, "sum", dtype, device) if rank == root else torch.zeros_like(t)
+        ref = pattern(root, count, COPY, dtype, device) if rank == root else torch.zeros_like(t)
         return Buffers(t, t, ref)
 
     def call(self, b, algorithm, op, root, group, workspace, segment_bytes) -> None:
@@ -305,7 +316,7 @@ class Broadcast(_Spec):
 
     def wrong(self, b, op, rank, world, root) -> int:
         out = b.output
-        return count_wrong_at(out, lambda a, n: pattern(root, n, "sum", out.dtype, out.device, a))
+        return count_wrong_at(out, lambda a, n: pattern(root, n, COPY, out.dtype, out.device, a))
 
 
 class Reduce(_Spec):
@@ -343,7 +354,7 @@ class SendRecv(_Spec):
         return Buffers(
             torch.empty(count, dtype=dtype, device=device),
             torch.empty(count, dtype=dtype, device=device),
-            pattern(rank, count, "sum", dtype, device),
+            pattern(rank, count, COPY, dtype, device),
         )
 
     def call(self, b, algorithm, op, root, group, workspace, segment_bytes) -> None:
@@ -368,7 +379,7 @@ class SendRecv(_Spec):
 
     def wrong(self, b, op, rank, world, root) -> int:
         out, left = b.output, (rank - 1) % world
-        return count_wrong_at(out, lambda a, n: pattern(left, n, "sum", out.dtype, out.device, a))
+        return count_wrong_at(out, lambda a, n: pattern(left, n, COPY, out.dtype, out.device, a))
 
 
 SPECS: dict[str, _Spec] = {
