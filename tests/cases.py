@@ -183,9 +183,10 @@ def _mismatch(case: dict[str, Any]) -> str:
         tensor = torch.ones(case["count"], 2).t()[0]
     op = case["op"] if case["vary"] != "op" or rank == 0 else "max"
     segment = {"segment": 8, "huge segment": 1 << 70}.get(case["vary"]) if rank == 1 else None
+    workspace = {} if case["vary"] == "workspace" and rank == 1 else None
     try:
-        comm.all_reduce(tensor, op, case["algorithm"], segment_bytes=segment)
-    except ValueError as exc:
+        comm.all_reduce(tensor, op, case["algorithm"], segment_bytes=segment, workspace=workspace)
+    except (ValueError, TypeError) as exc:
         return str(exc)
     return "no error"
 

@@ -129,7 +129,7 @@ def test_bytes_on_the_wire_match_the_cost_model(worlds, world_size, collective):
 @pytest.mark.parametrize(
     ("vary", "algorithm"),
     [(v, a) for v in ("size", "op", "local") for a in ("ring", "naive", "rd", "hd", "builtin")]
-    + [("segment", "ring"), ("segment", "auto"), ("huge segment", "ring")],
+    + [("segment", "ring"), ("segment", "auto"), ("huge segment", "ring"), ("workspace", "ring")],
 )
 def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
     results = worlds(3).run(("mismatch", {"count": 10, "op": "sum", "algorithm": algorithm, "vary": vary}))
@@ -137,6 +137,10 @@ def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
         assert "contiguous" in results[1] and all("ranks disagree" in results[r] for r in (0, 2)), results
     elif vary == "huge segment":  # 2**70 does not fit the int64 the ranks agree with: the others waited
         assert "at most 2**62" in results[1] and all("ranks disagree" in results[r] for r in (0, 2)), results
+    elif vary == "workspace":  # a dict in place of a Workspace failed in the algorithm, on that rank alone
+        assert "workspace must be" in results[1] and all("ranks disagree" in results[r] for r in (0, 2)), (
+            results
+        )
     else:
         assert all("ranks disagree" in r for r in results), results
 

@@ -193,6 +193,7 @@ def _prepare(
     check: bool,
     validate: Callable[[], tuple[torch.Tensor, int, str, int]],
     segment_bytes: int | None = None,
+    workspace: object = None,
 ) -> Callable[..., None]:
     """Validate locally and (with ``check``) across ranks; return the implementation to call.
 
@@ -209,6 +210,10 @@ def _prepare(
         tensor, size_bytes, op, root = validate()
         _check_device(tensor, group)
         _check_segment_bytes(segment_bytes, algorithm)
+        if workspace is not None and not isinstance(workspace, Workspace):  # it failed mid-algorithm
+            raise TypeError(
+                f"workspace must be a commbench.comm.Workspace or None, got {type(workspace).__name__}"
+            )
         resolved = resolve(collective, algorithm, size_bytes, world)
         impl = _IMPLS[collective][resolved]
         algo_code = list(ALGORITHMS[collective]).index(algorithm)
@@ -320,7 +325,7 @@ def all_reduce(
         check_op(op, tensor.dtype)
         return tensor, tensor.numel() * tensor.element_size(), op, 0
 
-    _prepare("all_reduce", algorithm, group, check, validate, segment_bytes)(
+    _prepare("all_reduce", algorithm, group, check, validate, segment_bytes, workspace)(
         tensor, op, group, workspace=workspace
     )
 
@@ -345,7 +350,7 @@ def reduce_scatter(
         check_op(op, input.dtype)
         return input, input.numel() * input.element_size(), op, 0
 
-    impl = _prepare("reduce_scatter", algorithm, group, check, validate, segment_bytes)
+    impl = _prepare("reduce_scatter", algorithm, group, check, validate, segment_bytes, workspace)
     impl(output, input, op, group, workspace=workspace)
 
 
@@ -365,7 +370,7 @@ def all_gather(
         _check_pair(output, input, dist.get_world_size(group), "all_gather")
         return input, output.numel() * output.element_size(), "sum", 0
 
-    _prepare("all_gather", algorithm, group, check, validate, segment_bytes)(
+    _prepare("all_gather", algorithm, group, check, validate, segment_bytes, workspace)(
         output, input, group, workspace=workspace
     )
 
@@ -388,7 +393,7 @@ def broadcast(
         src = _check_root("src", src, dist.get_world_size(group))
         return tensor, tensor.numel() * tensor.element_size(), "sum", src
 
-    _prepare("broadcast", algorithm, group, check, validate, segment_bytes)(
+    _prepare("broadcast", algorithm, group, check, validate, segment_bytes, workspace)(
         tensor, src, group, workspace=workspace
     )
 
@@ -414,6 +419,6 @@ def reduce(
         dst = _check_root("dst", dst, dist.get_world_size(group))
         return tensor, tensor.numel() * tensor.element_size(), op, dst
 
-    _prepare("reduce", algorithm, group, check, validate, segment_bytes)(
+    _prepare("reduce", algorithm, group, check, validate, segment_bytes, workspace)(
         tensor, dst, op, group, workspace=workspace
     )
