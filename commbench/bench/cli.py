@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
             from commbench.bench import train
 
             config = train.train_config(args)
-            if args.world_size is None and set(config.strategies) <= set(train.SINGLE_PROCESS):
+            if train.runs_alone(args, config):
                 args.world_size = 1  # none, dp and vanilla-dp run in one process
             return train.cmd_train(config, launch_spec(args))
         if args.command == "demo":

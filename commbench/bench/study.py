@@ -344,7 +344,7 @@ def validate(planned: Sequence[Planned]) -> list[Planned]:
                     from commbench.bench import train
 
                     config = train.train_config(args)
-                    if args.world_size is None and set(config.strategies) <= set(train.SINGLE_PROCESS):
+                    if train.runs_alone(args, config):
                         world = 1  # as the CLI runs none, dp and vanilla-dp alone
                     train.check_launch(config, world, args.device)
                 elif args.command == "sweep":

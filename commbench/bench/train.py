@@ -260,6 +260,11 @@ def _train_rank(config: Any, device: str) -> list[dict]:
     return rows
 
 
+def runs_alone(args: argparse.Namespace, config: Any) -> bool:
+    """Whether the command runs as one process: no --world-size and only none, dp or vanilla-dp."""
+    return args.world_size is None and set(config.strategies) <= set(SINGLE_PROCESS)
+
+
 def check_launch(config: Any, world_size: int, device: str) -> None:
     """ValueError for strategies the launch cannot run: one-process ones on several ranks, CUDA-only
     ones or the batch search off CUDA (also what a study checks of each run before it starts)."""
