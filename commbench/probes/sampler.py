@@ -269,31 +269,33 @@ class _NicTotals:
     def __init__(self, nic: str) -> None:
         self.nic = nic
         self.last: host.NicCounters | None = None
-        self.tx = self.rx = 0
+        self.total = host.NicCounters(tx_bytes=0, rx_bytes=0, tx_packets=0, rx_packets=0)
         self.resets = 0
         self.gone = False
 
     def read(self) -> host.NicCounters | None:
-        if self.gone:
-            return self._totals()
+        if not self.gone:
+            self._advance()
+        return None if self.last is None else self.total
+
+    def _advance(self) -> None:
         try:
             now = host.read_nic(self.nic)
         except ValueError:
             self.gone = True
-            return self._totals()
+            return
         if self.last is not None:
-            if now.tx_bytes < self.last.tx_bytes or now.rx_bytes < self.last.rx_bytes:
+            try:
+                step = host.nic_delta(self.last, now)
+            except ValueError:  # went backwards: this tick is lost
                 self.resets += 1
             else:
-                self.tx += now.tx_bytes - self.last.tx_bytes
-                self.rx += now.rx_bytes - self.last.rx_bytes
+                added = {
+                    f.name: getattr(self.total, f.name) + getattr(step, f.name)
+                    for f in dataclasses.fields(step)
+                }
+                self.total = host.NicCounters(**added)
         self.last = now
-        return self._totals()
-
-    def _totals(self) -> host.NicCounters | None:
-        if self.last is None:
-            return None
-        return host.NicCounters(tx_bytes=self.tx, rx_bytes=self.rx, tx_packets=0, rx_packets=0)
 
     def notes(self) -> list[str]:
         out = []
