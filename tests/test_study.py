@@ -3,8 +3,12 @@ interrupted run stops the study, and an output directory that cannot be made is 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -133,8 +137,9 @@ def test_list(capsys):
 @pytest.mark.parametrize("name", NAMES)
 def test_tiny_run_writes_the_report(name, tmp_path):
     config = study.StudyConfig(name=name, scale="tiny", out_dir=str(tmp_path / name), quiet=True)
-    outcomes, md = study.run_study(config)
-    assert [o.returncode for o in outcomes] == [0]
+    result = study.run_study(config)
+    outcomes, md = result.outcomes, result.report
+    assert [o.returncode for o in outcomes] == [0] and result.stopped is None
     text = md.read_text()
     assert f"# Study {name}" in text and "## Results" in text and "FAILED" not in text
     group = outcomes[0].planned.group
@@ -162,10 +167,10 @@ def _counting(codes: dict[int, int]):
 def test_an_interrupted_run_stops_the_study(tmp_path, code):
     config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
     started, execute = _counting({2: code})
-    outcomes, md = study.run_study(config, execute=execute)
+    result = study.run_study(config, execute=execute)
     assert len(started) == 2  # the third run never started
-    assert [o.returncode for o in outcomes] == [0, code] and md is None
-    assert (tmp_path / "st" / "runs").is_dir() and not (tmp_path / "st" / "report.md").exists()
+    assert [o.returncode for o in result.outcomes] == [0] and result.stopped == code
+    assert result.report == tmp_path / "st" / "report.md"
 
 
 @pytest.mark.parametrize("code", [143, 129])
@@ -173,8 +178,8 @@ def test_an_interrupted_cluster_run_is_not_retried_on_local_ranks(tmp_path, monk
     monkeypatch.setattr(study, "cluster_available", lambda: None)
     config = study.StudyConfig(name="001_sync_strategies", out_dir=str(tmp_path / "st"))
     started, execute = _counting({1: code})
-    outcomes, md = study.run_study(config, execute=execute)
-    assert [a[0] for a in started] == ["cluster"] and md is None
+    result = study.run_study(config, execute=execute)
+    assert [a[0] for a in started] == ["cluster"] and result.stopped == code and not result.outcomes
 
 
 def test_a_quiet_study_makes_its_cluster_runs_quiet_too(tmp_path, monkeypatch):
@@ -194,11 +199,138 @@ def test_study_command_returns_the_interrupted_code(tmp_path, monkeypatch, capsy
     assert study.run(args) == 130 and len(started) == 1
     captured = capsys.readouterr()
     assert "report:" not in captured.out
-    # the run's own line named only its own file: now where every finished run's records are, too
-    where = tmp_path / "st" / "runs"
+    # the run's own line named only its own file: now the partial report, and how to go on
+    total = len(study.plan(study.load_study("000_backbones"), "default", tmp_path / "st"))
     assert captured.err.strip().endswith(
-        f"stopped with 0 run(s) finished; their records are in {where} (no report: it needs every run)"
+        f"stopped with 0 of {total} run(s) finished; partial report: {tmp_path / 'st' / 'report.md'}; "
+        "--resume runs the rest"
     )
+
+
+def _writing(codes: dict[int, int]):
+    """An execute that records each command line, returns ``codes[call]`` (0 for the others) and,
+    for 0, leaves a small but valid record file at the run's --json path."""
+    started: list[list[str]] = []
+
+    def execute(argv: list[str]) -> int:
+        started.append(argv)
+        code = codes.get(len(started), 0)
+        if code == 0:
+            record = {"type": "bandwidth", "name": "copy", "size_bytes": 8, "time_s": 1.0, "gbps": 8e-9}
+            Path(argv[argv.index("--json") + 1]).write_text(json.dumps(record) + "\n")
+        return code
+
+    return started, execute
+
+
+def _runs_table(text: str) -> list[list[str]]:
+    section = text[text.index("## Runs") :].splitlines()
+    return [[c.strip() for c in line.strip("|").split("|")] for line in section if line.startswith("| ")][1:]
+
+
+def test_an_interrupted_study_writes_a_partial_report_and_resume_runs_only_the_rest(tmp_path):
+    config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
+    started, execute = _writing({3: 130})
+    first = study.run_study(config, execute=execute)
+    total = len(first.planned)
+    assert first.stopped == 130 and [o.planned.index for o in first.outcomes] == [1, 2] and total > 3
+    text = first.report.read_text()
+    assert text.startswith("# Study 000_backbones: ") and "(partial)" in text.splitlines()[0]
+    assert f"stopped (SIGINT) with 2 of {total} runs done" in text and "--resume` runs the other" in text
+    rows = _runs_table(text)
+    assert [r[3] for r in rows] == ["0", "0"] + ["not run"] * (total - 2)
+
+    again_started, again_execute = _writing({})
+    again = study.run_study(dataclasses.replace(config, resume=True), execute=again_execute)
+    assert again_started == [[*p.argv, "-q"] for p in first.planned[2:]]  # the interrupted one, and on
+    assert again.stopped is None and [o.resumed for o in again.outcomes] == [True, True] + [False] * (
+        total - 2
+    )
+    text = again.report.read_text()
+    assert "(partial)" not in text and "not run" not in text and "Resumed: 2 of these runs" in text
+
+    once_more, execute = _writing({})
+    study.run_study(config, execute=execute)  # without --resume every run starts again
+    assert len(once_more) == total
+
+
+def test_resume_runs_again_what_failed_changed_or_lost_its_records(tmp_path):
+    config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
+    _, execute = _writing({2: 1, 6: 130})
+    first = study.run_study(config, execute=execute)
+    assert [o.returncode for o in first.outcomes] == [0, 1, 0, 0, 0]
+    progress = tmp_path / "st" / "runs" / study.PROGRESS
+    lines = progress.read_text().splitlines()
+    assert len(lines) == 5
+    entry = json.loads(lines[2])
+    entry["planned"] = [*entry["planned"], "--epochs", "9"]  # run 3 was planned otherwise then
+    lines[2] = json.dumps(entry)
+    lines[4] = lines[4][: len(lines[4]) // 2]  # run 5's line, cut short by a crash
+    progress.write_text("\n".join(lines))
+    Path(first.outcomes[0].planned.json_path).unlink()  # run 1's records are gone
+    started, execute = _writing({6: 130})
+    result = study.run_study(dataclasses.replace(config, resume=True), execute=execute)
+    ran = [a[a.index("--json") + 1] for a in started]
+    assert ran == [first.planned[i].json_path for i in (0, 1, 2, 4, 5, 6)]  # run 4 alone is kept
+    assert [(o.planned.index, o.resumed) for o in result.outcomes] == [
+        (1, False),
+        (2, False),
+        (3, False),
+        (4, True),
+        (5, False),
+        (6, False),
+    ]
+
+
+def test_study_resume_on_the_command_line_says_what_it_kept(tmp_path, monkeypatch, capsys):
+    argv = ["study", "000_backbones", "-q", "-o", str(tmp_path / "st")]
+    started, execute = _writing({2: 130})
+    monkeypatch.setattr("commbench.bench.cli.main", execute)
+    assert study.run(build_parser().parse_args(argv)) == 130
+    capsys.readouterr()
+    started, execute = _writing({2: 143})
+    monkeypatch.setattr("commbench.bench.cli.main", execute)
+    assert study.run(build_parser().parse_args([*argv, "--resume"])) == 143
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("== study 000_backbones [1/") and out[0].endswith(": kept from an earlier start")
+    assert [line.split("]")[0] for line in out[1:]] == [
+        "== study 000_backbones [2/11",
+        "== study 000_backbones [3/11",
+    ]
+    assert [Path(a[a.index("--json") + 1]).name for a in started] == [
+        "02-backbone.jsonl",
+        "03-backbone.jsonl",
+    ]
+
+
+def test_resume_without_an_earlier_start_runs_everything(tmp_path):
+    config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True, resume=True)
+    started, execute = _writing({2: 130})
+    assert study.run_study(config, execute=execute).stopped == 130 and len(started) == 2
+
+
+def test_a_failed_run_s_error_line_is_in_the_report(tmp_path, capsys):
+    def execute(argv: list[str]) -> int:
+        print("a warning\ncommbench: error: world size must be >= 1, got 0", file=sys.stderr)
+        print("later noise", file=sys.stderr, end="")
+        return 2
+
+    config = study.StudyConfig(name="004_batch_scaling", scale="tiny", out_dir=str(tmp_path / "st"))
+    result = study.run_study(config, execute=execute)
+    assert [o.error for o in result.outcomes] == ["commbench: error: world size must be >= 1, got 0"]
+    text = result.report.read_text()
+    assert "FAILED: run 1 exited with 2 (commbench: error: world size must be >= 1, got 0): " in text
+    assert "commbench: error: world size" in capsys.readouterr().err  # still shown as it happened
+
+
+def test_a_failed_run_without_a_commbench_line_gives_its_last_line(tmp_path):
+    def execute(argv: list[str]) -> int:
+        sys.stderr.write("progress 10%\rprogress 50%\rKilled\n\n")
+        return 137
+
+    config = study.StudyConfig(name="004_batch_scaling", scale="tiny", out_dir=str(tmp_path / "st"))
+    (outcome,) = study.run_study(config, execute=execute).outcomes
+    assert outcome.error == "Killed" and outcome.returncode == 137
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["term", "hup"])
@@ -206,7 +338,6 @@ def test_study_command_returns_the_interrupted_code(tmp_path, monkeypatch, capsy
 def test_a_signal_between_runs_stops_the_study(tmp_path, where, signum):
     """A signal that no run's CLI turns into an exit code: inside a run that lets it through, or
     after one run ended and before the next began (``on_run`` is called there)."""
-    from commbench.bench.launch import Interrupted
 
     def fail(got, frame):
         raise AssertionError(f"signal {got} reached the test's own handler")
@@ -225,9 +356,10 @@ def test_a_signal_between_runs_stops_the_study(tmp_path, where, signum):
     before = signal.signal(signum, fail)
     try:
         config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"))
-        with pytest.raises(Interrupted) as info:
-            study.run_study(config, execute=execute, on_run=on_run)
-        assert info.value.signum == signum and len(started) == 1
+        result = study.run_study(config, execute=execute, on_run=on_run)
+        assert result.stopped == 128 + signum and len(started) == 1
+        assert len(result.outcomes) == (1 if where == "between runs" else 0)
+        assert "(partial)" in result.report.read_text()
         assert signal.getsignal(signum) is fail  # the old handler is back
     finally:
         signal.signal(signum, before)
@@ -262,8 +394,9 @@ def test_full_scale_on_cuda_runs_where_cuda_is_seen(tmp_path, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     started, execute = _counting({1: 130})
     config = study.StudyConfig(name="000_backbones", scale="full", out_dir=str(tmp_path / "st"))
-    outcomes, md = study.run_study(config, execute=execute)
-    assert len(started) == 1 and started[0][started[0].index("--device") + 1] == "cuda" and md is None
+    result = study.run_study(config, execute=execute)
+    assert len(started) == 1 and started[0][started[0].index("--device") + 1] == "cuda"
+    assert result.stopped == 130
 
 
 def test_a_cpu_study_at_full_scale_is_not_refused_without_cuda(tmp_path, monkeypatch):
@@ -271,8 +404,8 @@ def test_a_cpu_study_at_full_scale_is_not_refused_without_cuda(tmp_path, monkeyp
     monkeypatch.setattr(study, "cluster_available", lambda: "no emulated cluster in this test")
     started, execute = _counting({1: 130})
     config = study.StudyConfig(name="001_sync_strategies", scale="full", out_dir=str(tmp_path / "st"))
-    outcomes, md = study.run_study(config, execute=execute)
-    assert len(started) == 1 and "--device" not in started[0] and md is None
+    result = study.run_study(config, execute=execute)
+    assert len(started) == 1 and "--device" not in started[0] and result.stopped == 130
 
 
 def test_bytes_per_epoch_are_for_a_whole_pass_over_the_training_set():

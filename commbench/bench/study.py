@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import dataclasses
 import itertools
+import json
 import math
 import shlex
 import signal
@@ -387,13 +388,28 @@ def cluster_available() -> str | None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Outcome:
-    """A finished run: the command that ran, its exit code and wall time."""
+    """A finished run: the command that ran, its exit code and wall time, and for a failed run the
+    last line it wrote to stderr (its one-line error). ``resumed``: finished by an earlier start."""
 
     planned: Planned
     argv: tuple[str, ...]
     returncode: int
     seconds: float
     note: str = ""
+    error: str = ""
+    resumed: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StudyResult:
+    """What ``run_study`` did: every planned run, the outcomes of those that ran (in order), the
+    report's Markdown path (None if even a partial one could not be written) and, for a study that a
+    signal stopped, the exit code that says which (130, 143 or 129)."""
+
+    planned: list[Planned]
+    outcomes: list[Outcome]
+    report: Path | None
+    stopped: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -404,6 +420,7 @@ class StudyConfig:
     scale: str = "default"
     out_dir: str | None = None
     quiet: bool = False
+    resume: bool = False
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -414,22 +431,29 @@ class StudyConfig:
         return Path(self.out_dir or f"study-{self.name}")
 
 
+PROGRESS = "progress.jsonl"  # in DIR/runs: one line per finished run, what --resume reads
+
+
 def run_study(
     config: StudyConfig,
     execute: Callable[[list[str]], int] | None = None,
     on_run: Callable[[Planned, int], None] | None = None,
-) -> tuple[list[Outcome], Path | None]:
+    on_kept: Callable[[Planned, int], None] | None = None,
+) -> StudyResult:
     """Run every planned command (``execute`` defaults to the CLI in this process), then write the
-    report; returns the outcomes and the report's Markdown path.
+    report; ``on_run`` and ``on_kept`` hear of each run as it starts or is kept. Each finished run is
+    added to ``DIR/runs/progress.jsonl`` at once; with ``config.resume`` the runs an earlier start
+    finished (exit 0, the same command line, records that still load) are kept and not run again.
 
-    A run that exits with 130, 143 or 129 was interrupted (and said so): the study stops there, keeps the
-    finished runs' records, writes no report and returns None for its path.
+    A run that exits with 130, 143 or 129 was interrupted (and said so), and SIGINT, SIGTERM or SIGHUP
+    between runs does the same: the study stops there and writes a partial report of the runs that
+    finished, which lists those not run; ``stopped`` gives the code.
 
     Raises:
         ValueError: a bad preset or command line, or an output directory that cannot be made.
-        Interrupted: SIGINT, SIGTERM or SIGHUP reached the study between runs.
     """
     from commbench.bench.cli import main as cli_main
+    from commbench.bench.launch import Interrupted
 
     execute = execute or cli_main
     study = load_study(config.name)
@@ -437,36 +461,140 @@ def run_study(
     why_not = cluster_available() if any(g.cluster for g in study.groups) and config.scale != "tiny" else None
     planned = plan(study, config.scale, out, cluster_ok=why_not is None)
     check_cuda(validate(planned), len(planned), config.scale)
+    done = _finished(out, planned) if config.resume else {}
     try:
         (out / "runs").mkdir(parents=True, exist_ok=True)
+        progress = open(out / "runs" / PROGRESS, "w")  # noqa: SIM115 (closed below, after every run)
     except OSError as exc:
         raise ValueError(f"cannot create {out / 'runs'}: {exc.strerror}") from None
-    outcomes = []
-    with _signals_interrupt() as arm:
-        for p in planned:
-            if on_run is not None:
-                on_run(p, len(planned))
-            argv = list(p.argv) + (["-q"] if config.quiet else [])  # a cluster's: its command's, last
-            note = p.note if not why_not else f"local ranks: {why_not}"
-            start = time.perf_counter()
-            code = arm(execute, argv)
-            if code not in (0, *INTERRUPTED) and p.local_argv is not None:  # the cluster could not run it
-                note = f"local ranks: commbench cluster exited with {code}"
-                argv = list(p.local_argv) + (["-q"] if config.quiet else [])
-                code = arm(execute, argv)
-            outcomes.append(
-                Outcome(
-                    planned=p,
-                    argv=tuple(argv),
-                    returncode=code,
-                    seconds=time.perf_counter() - start,
-                    note=note,
+    outcomes: list[Outcome] = []
+    stopped = None
+
+    def keep(o: Outcome) -> None:
+        outcomes.append(o)
+        progress.write(json.dumps(_progress_line(o)) + "\n")
+        progress.flush()
+
+    with progress, _signals_interrupt() as arm:
+        try:
+            for p in planned:
+                if p.index in done:
+                    if on_kept is not None:
+                        on_kept(p, len(planned))
+                    keep(done[p.index])
+                    continue
+                if on_run is not None:
+                    on_run(p, len(planned))
+                argv = list(p.argv) + (["-q"] if config.quiet else [])  # a cluster's: its command's, last
+                note = p.note if not why_not else f"local ranks: {why_not}"
+                start = time.perf_counter()
+                code, error = _run_one(arm, execute, argv)
+                if code not in (0, *INTERRUPTED) and p.local_argv is not None:  # the cluster could not run it
+                    note = f"local ranks: commbench cluster exited with {code}"
+                    argv = list(p.local_argv) + (["-q"] if config.quiet else [])
+                    code, error = _run_one(arm, execute, argv)
+                seconds = time.perf_counter() - start
+                if code in INTERRUPTED:
+                    stopped = code
+                    break
+                keep(
+                    Outcome(
+                        planned=p, argv=tuple(argv), returncode=code, seconds=seconds, note=note, error=error
+                    )
                 )
+        except Interrupted as exc:  # between runs, or in a run whose CLI let it through
+            stopped = 128 + exc.signum
+        try:
+            md, _ = write_study_report(study, config.scale, outcomes, out, planned=planned, stopped=stopped)
+        except Interrupted as exc:  # a signal while the report was written: the records stay
+            stopped = stopped or 128 + exc.signum
+            return StudyResult(planned=planned, outcomes=outcomes, report=None, stopped=stopped)
+    return StudyResult(planned=planned, outcomes=outcomes, report=md, stopped=stopped)
+
+
+def _progress_line(o: Outcome) -> dict[str, Any]:
+    return {
+        "index": o.planned.index,
+        "planned": list(o.planned.argv),
+        "argv": list(o.argv),
+        "returncode": o.returncode,
+        "seconds": o.seconds,
+        "note": o.note,
+        "error": o.error,
+    }
+
+
+def _finished(out: Path, planned: Sequence[Planned]) -> dict[int, Outcome]:
+    """The runs an earlier start of this study finished, by index: those whose progress line has exit
+    0 and the command line planned now, and whose records still load. Anything else runs again."""
+    path = out / "runs" / PROGRESS
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path} to resume: {getattr(exc, 'strerror', None) or exc}") from None
+    by_index = {p.index: p for p in planned}
+    done: dict[int, Outcome] = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            p = by_index[entry["index"]]
+            if entry["planned"] != list(p.argv) or entry["returncode"] != 0:
+                continue
+            rp.load_run(p.json_path)
+            done[p.index] = Outcome(
+                planned=p,
+                argv=tuple(str(a) for a in entry["argv"]),
+                returncode=0,
+                seconds=float(entry["seconds"]),
+                note=str(entry.get("note") or ""),
+                resumed=True,
             )
-            if code in INTERRUPTED:
-                return outcomes, None
-        md, _ = write_study_report(study, config.scale, outcomes, out)
-    return outcomes, md
+        except (ValueError, TypeError, KeyError):  # a cut line, another plan, records gone or broken
+            continue
+    return done
+
+
+class _LastLine:
+    """Stands in for sys.stderr during a run: writes through, and keeps the run's last line that
+    starts with "commbench" (the CLI's one-line errors all do), or else its last non-empty line."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._partial = ""
+        self.last = ""
+        self.last_own = ""
+
+    def write(self, text: str) -> int:
+        self._partial += text
+        *lines, self._partial = self._partial.split("\n")
+        for line in lines:
+            line = line.rsplit("\r", 1)[-1].strip()  # a progress bar's redraws: the last one
+            if line:
+                self.last = line
+                if line.startswith("commbench"):
+                    self.last_own = line
+        return self._stream.write(text)
+
+    def line(self) -> str:
+        rest = self._partial.rsplit("\r", 1)[-1].strip()
+        return self.last_own or self.last or rest
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _run_one(
+    arm: Callable[[Callable[[list[str]], int], list[str]], int],
+    execute: Callable[[list[str]], int],
+    argv: list[str],
+) -> tuple[int, str]:
+    """One run's exit code, and for a failed one its error line (empty if it wrote none)."""
+    tee = _LastLine(sys.stderr)
+    with contextlib.redirect_stderr(tee):  # type: ignore[type-var]
+        code = arm(execute, argv)
+    return code, ("" if code == 0 else tee.line())
 
 
 @contextlib.contextmanager
@@ -809,10 +937,16 @@ def _host_blocks(rows: list[dict[str, Any]]) -> list[rp.Block]:
 
 
 def write_study_report(
-    study: Study, scale: str, outcomes: Sequence[Outcome], out_dir: str | Path
+    study: Study,
+    scale: str,
+    outcomes: Sequence[Outcome],
+    out_dir: str | Path,
+    planned: Sequence[Planned] = (),
+    stopped: int | None = None,
 ) -> tuple[Path, Path]:
     """The study's report: what it reproduces, how each run was made, one table (and plot) per group,
-    and the computed-versus-measured bytes of every run."""
+    and the computed-versus-measured bytes of every run. A study that a signal ``stopped`` gets a
+    partial report: the runs that finished, then those of ``planned`` that did not run."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots = rp._Plots(out)
@@ -820,23 +954,40 @@ def write_study_report(
     failures = []
     for o in outcomes:
         if o.returncode != 0:
-            failures.append(f"run {o.planned.index} exited with {o.returncode}: {shlex.join(o.argv)}")
+            why = f" ({o.error})" if o.error else ""
+            failures.append(f"run {o.planned.index} exited with {o.returncode}{why}: {shlex.join(o.argv)}")
             continue
         try:
             runs[o.planned.index] = rp.load_run(o.planned.json_path, f"run {o.planned.index}")
         except ValueError as exc:
             failures.append(f"run {o.planned.index}: {exc}")
-    title = f"Study {study.name}: {study.title}"
+    ran = {o.planned.index for o in outcomes}
+    unrun = [p for p in planned if p.index not in ran]
+    title = f"Study {study.name}: {study.title}" + (" (partial)" if stopped is not None else "")
     total = sum(o.seconds for o in outcomes)
+    again = f"commbench study {study.name}" + {"full": " --full", "tiny": " --tiny"}.get(scale, "")
+    if Path(out_dir) != Path(f"study-{study.name}"):
+        again += f" -o {shlex.quote(str(out_dir))}"
     blocks: list[rp.Block] = [
         rp.Heading(text=title, level=1),
         rp.Para(text=study.about),
         rp.Para(
             text=f"Reference: shared/reference/{study.reference}. Scale: {scale}. {len(outcomes)} runs, "
-            f"{total:.0f} s in all. Re-run with: commbench study {study.name}"
-            + {"full": " --full", "tiny": " --tiny"}.get(scale, "")
+            f"{total:.0f} s in all. Re-run with: {again}"
         ),
     ]
+    if stopped is not None:
+        name = signal.Signals(stopped - 128).name if stopped - 128 in signals.STOPS else f"exit {stopped}"
+        blocks.append(
+            rp.Para(
+                text=f"PARTIAL: the study was stopped ({name}) with {len(outcomes)} of "
+                f"{len(outcomes) + len(unrun)} runs done. `{again} --resume` runs the other "
+                f"{len(unrun)} and keeps these."
+            )
+        )
+    resumed = sum(o.resumed for o in outcomes)
+    if resumed:
+        blocks.append(rp.Para(text=f"Resumed: {resumed} of these runs were finished by an earlier start."))
     notes = sorted({o.note for o in outcomes if o.note})
     blocks += [rp.Para(text=f"Note: {n}.") for n in notes]
     blocks += [rp.Para(text=f"FAILED: {f}") for f in failures]
@@ -897,6 +1048,10 @@ def write_study_report(
                     "commbench " + shlex.join(_shown(o.argv, out)),
                 ]
                 for o in outcomes
+            ]
+            + [
+                [str(p.index), p.group, "-", "not run", "commbench " + shlex.join(_shown(p.argv, out))]
+                for p in unrun
             ],
         ),
         rp.Para(
@@ -941,6 +1096,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--list", action="store_true", help="list the studies and exit")
     p.add_argument("--dry-run", action="store_true", help="print the commands the study would run, and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="no tables from the runs")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs an earlier start of this study in DIR finished (same command line, "
+        "records intact) and run only the others",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -954,7 +1115,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.name:
         raise ValueError(f"give a study name; known: {', '.join(known_studies())}")
     scale = "full" if args.full else "tiny" if args.tiny else os.environ.get(SCALE_ENV, "default")
-    config = StudyConfig(name=args.name, scale=scale, out_dir=args.output, quiet=args.quiet)
+    config = StudyConfig(
+        name=args.name, scale=scale, out_dir=args.output, quiet=args.quiet, resume=args.resume
+    )
     if args.dry_run:
         study = load_study(config.name)
         planned = plan(study, config.scale, config.directory, cluster_ok=True)
@@ -969,15 +1132,21 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    outcomes, md = run_study(config, on_run=announce)
-    if md is None:  # a run was interrupted and said so in one line; its records and earlier runs stay
+    def kept(p: Planned, total: int) -> None:
+        print(f"== study {config.name} [{p.index}/{total}] {p.group}: kept from an earlier start", flush=True)
+
+    result = run_study(config, on_run=announce, on_kept=kept)
+    md, outcomes = result.report, result.outcomes
+    if result.stopped is not None:  # a run was interrupted and said so in one line, or the study was
         done = sum(o.returncode == 0 for o in outcomes)
+        where = f"partial report: {md}" if md is not None else f"records: {Path(config.directory) / 'runs'}"
         print(
-            f"commbench study: stopped with {done} run(s) finished; their records are in "
-            f"{Path(config.directory) / 'runs'} (no report: it needs every run)",
+            f"commbench study: stopped with {done} of {len(result.planned)} run(s) finished; {where}; "
+            f"--resume runs the rest",
             file=sys.stderr,
         )
-        return outcomes[-1].returncode
+        return result.stopped
+    assert md is not None  # None only where a signal stopped the study
     failed = [o for o in outcomes if o.returncode != 0]
     print(f"report: {md}  {md.with_suffix('.html')}" + (f"  ({len(failed)} run(s) failed)" if failed else ""))
     return 1 if failed else 0
