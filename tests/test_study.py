@@ -182,6 +182,38 @@ def test_an_interrupted_cluster_run_is_not_retried_on_local_ranks(tmp_path, monk
     assert [a[0] for a in started] == ["cluster"] and result.stopped == code and not result.outcomes
 
 
+def test_a_failed_cluster_run_s_records_are_kept_beside_the_local_rerun(tmp_path, monkeypatch):
+    """The run on local ranks wrote to the same file, and what the cluster had measured was lost."""
+    monkeypatch.setattr(study, "cluster_available", lambda: None)
+    config = study.StudyConfig(name="001_sync_strategies", out_dir=str(tmp_path / "st"), quiet=True)
+    started: list[list[str]] = []
+
+    def execute(argv: list[str]) -> int:
+        started.append(argv)
+        if len(started) == 3:
+            return 130
+        path = Path(argv[argv.index("--json") + 1])
+        path.write_text(json.dumps({"type": "probe", "by": argv[0]}) + "\n")
+        if argv[0] == "cluster":
+            print("commbench: cluster: rank 1 died", file=sys.stderr)
+            return 1
+        return 0
+
+    result = study.run_study(config, execute=execute)
+    assert [a[0] for a in started] == ["cluster", "compare", "cluster"]
+    (outcome,) = result.outcomes
+    records = Path(outcome.planned.json_path)
+    aside = records.with_name(records.stem + ".cluster-failed.jsonl")
+    assert (
+        json.loads(records.read_text())["by"] == "compare"
+        and json.loads(aside.read_text())["by"] == "cluster"
+    )
+    assert outcome.note == (
+        f"local ranks: commbench cluster exited with 1 (commbench: cluster: rank 1 died); its records are in "
+        f"runs/{aside.name}"
+    )
+
+
 def test_a_quiet_study_makes_its_cluster_runs_quiet_too(tmp_path, monkeypatch):
     """-q went to every run but the cluster's, whose command then printed its tables."""
     monkeypatch.setattr(study, "cluster_available", lambda: None)

@@ -490,7 +490,10 @@ def run_study(
                 start = time.perf_counter()
                 code, error = _run_one(arm, execute, argv)
                 if code not in (0, *INTERRUPTED) and p.local_argv is not None:  # the cluster could not run it
-                    note = f"local ranks: commbench cluster exited with {code}"
+                    note = f"local ranks: commbench cluster exited with {code}" + (
+                        f" ({error})" if error else ""
+                    )
+                    note += _set_aside(Path(p.json_path))
                     argv = list(p.local_argv) + (["-q"] if config.quiet else [])
                     code, error = _run_one(arm, execute, argv)
                 seconds = time.perf_counter() - start
@@ -510,6 +513,19 @@ def run_study(
             stopped = stopped or 128 + exc.signum
             return StudyResult(planned=planned, outcomes=outcomes, report=None, stopped=stopped)
     return StudyResult(planned=planned, outcomes=outcomes, report=md, stopped=stopped)
+
+
+def _set_aside(records: Path) -> str:
+    """Move what a failed cluster run wrote out of the way of the same run on local ranks, which
+    would overwrite it; returns the note's words on where it went ("" when it wrote nothing)."""
+    if not records.exists():
+        return ""
+    aside = records.with_name(records.name.removesuffix(".jsonl") + ".cluster-failed.jsonl")
+    try:
+        records.replace(aside)
+    except OSError as exc:
+        return f"; its records could not be kept ({exc.strerror})"
+    return f"; its records are in runs/{aside.name}"
 
 
 def _progress_line(o: Outcome) -> dict[str, Any]:
