@@ -21,9 +21,9 @@ from commbench.comm.ops import DTYPES, OPS
 from commbench.comm.workspace import PLANS_KEPT
 
 
-def _collective(case: dict[str, Any]) -> list[str]:
+def _collective(case: dict[str, Any], group: dist.ProcessGroup | None = None) -> list[str]:
     """Run every algorithm of one collective on one input; return what went wrong."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = p2p.group_rank(group)
     spec = SPECS[case["collective"]]
     dtype, op, root = DTYPES[case["dtype"]], case["op"], case["root"] % world
     count = case["count"] * (world if case["collective"] in ("reduce_scatter", "all_gather") else 1)
@@ -37,7 +37,7 @@ def _collective(case: dict[str, Any]) -> list[str]:
                 poison(b.output)  # an output the algorithm leaves unwritten cannot look right
             b.input.copy_(b.reference)
             ptr = b.output.data_ptr()
-            spec.run(b, algorithm, op, root, None, workspace)
+            spec.run(b, algorithm, op, root, group, workspace)
             where = f"{algorithm} (run {attempt + 1}) on rank {rank}"
             wrong = spec.wrong(b, op, rank, world, root)
             if wrong:
@@ -346,6 +346,28 @@ def _subgroups_of_two(case: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _per_device_group(case: dict[str, Any]) -> dict[str, Any]:
+    """Every collective on a group made with a backend per device ("cpu:gloo") or with none
+    (torch's default, named "undefined"): what commbench takes it for, and what went wrong."""
+    group = dist.new_group(backend=case["backend"], timeout=timedelta(seconds=30))
+    failures = []
+    for collective in sorted(comm.ALGORITHMS):
+        body = {"collective": collective, "count": 1021, "dtype": "float32", "op": "avg", "root": 1}
+        failures += _collective({**body, "workspace": False}, group)
+    try:
+        comm.all_reduce(torch.empty(8, device="meta"), group=group)
+        refused = "nothing"
+    except ValueError as exc:
+        refused = str(exc)
+    return {
+        "name": str(dist.get_backend(group)),
+        "host": p2p.backend_for(group, torch.device("cpu")),
+        "one_connection": p2p.route(group, 1, 0) is group,
+        "failures": failures,
+        "refused": refused,
+    }
+
+
 def _local_ccs(skip_port: int | None = None) -> list[str]:
     """The congestion control of each of this rank's TCP connections within the host, but for
     those to port ``skip_port`` (the test's own store, connected after the launch)."""
@@ -509,4 +531,5 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "sweep_freed": _sweep_sizes_freed,
         "scratch": _scratch,
         "segments": _segments,
+        "per_device_group": _per_device_group,
     }[kind](body)

@@ -6,10 +6,20 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from commbench.comm import ALGORITHMS, STAGE_WHOLE_FROM_BYTES, resolve, staged_whole, tcp
+from commbench.comm import (
+    ALGORITHMS,
+    STAGE_WHOLE_FROM_BYTES,
+    builtin,
+    p2p,
+    pipeline,
+    resolve,
+    staged_whole,
+    tcp,
+)
 from commbench.comm.costmodel import cost
 from commbench.comm.ops import DTYPES, OPS
 
@@ -221,6 +231,18 @@ def test_two_rank_subgroups_leave_later_groups_creatable(worlds):
     ]
 
 
+@pytest.mark.parametrize("backend", ["undefined", "cpu:gloo"], ids=["torch-default", "per-device"])
+def test_a_group_with_a_backend_per_device_or_none_is_taken_for_what_moves_each_tensor(worlds, backend):
+    """A group made without a backend (torch's default) or with one per device is named
+    "undefined" or "cpu:gloo"; commbench compared that name with "gloo" and "nccl", so two such
+    ranks kept one connection for both directions (and on a GPU, CUDA tensors went to NCCL
+    without the batching its send/recv pairs need)."""
+    results = worlds(2).run(("per_device_group", {"backend": backend}))
+    refusal = "the process group has no backend for meta tensors (it has cpu:gloo)"
+    expected = {"name": backend, "host": "gloo", "one_connection": False, "failures": [], "refused": refusal}
+    assert results == [expected, expected]
+
+
 def test_duplex_can_be_turned_off_for_comparison(worlds):
     assert worlds(2).run(("routes_off", {})) == [True, True]
 
@@ -314,3 +336,34 @@ def test_the_environment_moves_where_host_copies_start(monkeypatch):
     monkeypatch.setenv(HOST_FROM_ENV, "sometimes")
     with pytest.raises(ValueError, match="HOST_FROM='sometimes'"):
         staged_whole(cuda, "ring", "gloo", big)
+
+
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl"), ("undefined", "cpu:gloo,cuda:nccl")],
+    ids=["per-device", "torch-default"],
+)
+def test_a_group_with_nccl_for_cuda_tensors_batches_those_and_leaves_host_tensors_to_gloo(
+    monkeypatch, name, config
+):
+    """What a GPU host's torch makes of init_process_group() without a backend, decided without
+    CUDA: CUDA tensors take NCCL's paths (batched send/recv pairs, no receives posted ahead, its
+    own average, no host copies), host tensors gloo's, and the ranks agree in host memory."""
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: name)
+    monkeypatch.setattr(dist, "get_backend_config", lambda group=None: config)
+    cuda, host, meta = torch.device("cuda", 0), torch.device("cpu"), torch.device("meta")
+    assert [p2p.backend_for(None, d) for d in (host, cuda, meta)] == ["gloo", "nccl", ""]
+    assert p2p._needs_batching(None, cuda) and not p2p._needs_batching(None, host)
+    assert pipeline.receives_ahead(None, 1 << 20, cuda) == 0 < pipeline.receives_ahead(None, 1 << 20, host)
+    assert builtin._native_avg(None, cuda) and not builtin._native_avg(None, host)
+    assert not staged_whole(cuda, "ring", p2p.backend_for(None, cuda), 64 << 20)
+    assert p2p.moves_host_tensors(None)
+
+
+def test_a_group_of_one_backend_gives_its_name_for_every_device(monkeypatch):
+    monkeypatch.setattr(dist, "get_backend_config", lambda group=None: pytest.fail("read the config"))
+    cuda, host = torch.device("cuda", 0), torch.device("cpu")
+    for name in ("gloo", "nccl"):
+        monkeypatch.setattr(dist, "get_backend", lambda group=None, name=name: name)
+        assert p2p.backend_for(None, host) == p2p.backend_for(None, cuda) == name
+        assert p2p.moves_host_tensors(None) == (name == "gloo")

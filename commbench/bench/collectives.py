@@ -369,7 +369,7 @@ class SendRecv(_Spec):
             right=(rank + 1) % world,
             left=(rank - 1) % world,
             lag=1,
-            recv_ahead=pipeline.receives_ahead(group, segment_bytes),
+            recv_ahead=pipeline.receives_ahead(group, segment_bytes, b.input.device),
             op="sum",
             group=group,
         )

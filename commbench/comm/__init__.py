@@ -135,17 +135,29 @@ def _check_root(name: str, root: int, world: int) -> int:
 
 
 def _check_device(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> None:
-    """NCCL moves CUDA tensors only (gloo takes both: CUDA tensors are staged through the host)."""
-    if dist.get_backend(group) == "nccl" and tensor.device.type != "cuda":
+    """NCCL moves CUDA tensors only (gloo takes both: CUDA tensors are staged through the host), and
+    a group with a backend per device may have none for this tensor's."""
+    backend = p2p.backend_for(group, tensor.device)
+    if backend == "nccl" and tensor.device.type != "cuda":
         raise ValueError(f"the nccl backend moves CUDA tensors only; this one is on {tensor.device}")
+    if not backend:
+        raise ValueError(
+            f"the process group has no backend for {tensor.device.type} tensors "
+            f"(it has {dist.get_backend_config(group)})"
+        )
 
 
-def _agree(group: dist.ProcessGroup | None, device: torch.device, *fields: int) -> None:
-    """All-gather a few integers and raise on every rank if any rank disagrees."""
+def _agree(group: dist.ProcessGroup | None, device: torch.device | None, *fields: int) -> None:
+    """All-gather a few integers and raise on every rank if any rank disagrees. They travel in host
+    memory wherever the group moves it, and otherwise (NCCL alone) on ``device``, the tensor's,
+    or this rank's CUDA device for a rank without a valid tensor: every rank picks the same."""
     world = dist.get_world_size(group)
     if world == 1:
         return
-    dev = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    if p2p.moves_host_tensors(group):
+        dev = p2p.HOST
+    else:
+        dev = device if device is not None else torch.device("cuda", torch.cuda.current_device())
     mine = torch.tensor(fields, dtype=torch.int64, device=dev)
     every = torch.empty(world * len(fields), dtype=torch.int64, device=dev)
     builtin.all_gather(every, mine, group)
@@ -178,12 +190,6 @@ def _check_segment_bytes(segment_bytes: int | None, algorithm: str) -> None:
         raise ValueError(
             f"segment_bytes applies to {', '.join(SEGMENTED)} (or auto where it picks one), not {algorithm!r}"
         )
-
-
-def _local_device(group: dist.ProcessGroup | None) -> torch.device:
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _prepare(
@@ -226,9 +232,9 @@ def _prepare(
             segment_bytes or 0,
         )
         device = tensor.device
-        staged = staged_whole(device, resolved, dist.get_backend(group), size_bytes)
+        staged = staged_whole(device, resolved, p2p.backend_for(group, device), size_bytes)
     except (ValueError, TypeError) as exc:
-        error, fields, device = exc, _INVALID, _local_device(group)
+        error, fields, device = exc, _INVALID, None
     if check and world > 1:
         try:
             _agree(group, device, *fields)

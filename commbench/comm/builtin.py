@@ -15,30 +15,30 @@ _all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather
 _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def _native_avg(group: dist.ProcessGroup | None) -> bool:
-    return dist.get_backend(group) == "nccl"
+def _native_avg(group: dist.ProcessGroup | None, device: torch.device) -> bool:
+    return p2p.backend_for(group, device) == "nccl"
 
 
-def _op(op: str, group: dist.ProcessGroup | None) -> dist.ReduceOp:
+def _op(op: str, group: dist.ProcessGroup | None, device: torch.device) -> dist.ReduceOp:
     # gloo has no AVG on every version commbench supports: sum, then divide. (NCCL averages itself;
     # its PreMulSum scales before it sums, so a float16 sum that overflows here need not there.)
-    return torch_reduce_op("sum" if op == "avg" and not _native_avg(group) else op)
+    return torch_reduce_op("sum" if op == "avg" and not _native_avg(group, device) else op)
 
 
 def _finish_avg(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None) -> None:
-    if op == "avg" and not _native_avg(group):
+    if op == "avg" and not _native_avg(group, tensor.device):
         tensor.div_(dist.get_world_size(group))
 
 
 def all_reduce(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None, **_: object) -> None:
-    dist.all_reduce(tensor, op=_op(op, group), group=group)
+    dist.all_reduce(tensor, op=_op(op, group, tensor.device), group=group)
     _finish_avg(tensor, op, group)
 
 
 def reduce_scatter(
     output: torch.Tensor, input: torch.Tensor, op: str, group: dist.ProcessGroup | None, **_: object
 ) -> None:
-    _reduce_scatter_tensor(output, input, op=_op(op, group), group=group)
+    _reduce_scatter_tensor(output, input, op=_op(op, group, input.device), group=group)
     _finish_avg(output, op, group)
 
 

@@ -3,7 +3,9 @@
 Peers are given as ranks within ``group``; translation to global ranks happens here. NCCL needs
 matching sends and receives grouped into one call or a ring deadlocks, so on NCCL the pair goes
 through ``batch_isend_irecv``; gloo takes plain ``isend``/``irecv``, which cost less per call. gloo moves
-host memory only, so CUDA tensors on gloo are staged through host copies.
+host memory only, so CUDA tensors on gloo are staged through host copies. Which backend moves a
+tensor is asked per device (:func:`backend_for`): a group made without a backend, as
+``init_process_group()`` makes by default, has gloo for host tensors and NCCL for CUDA ones.
 
 A job of two ranks on gloo gets one connection per direction (:func:`enable_duplex`). gloo joins each
 pair of ranks in a group by one connection, and two ranks exchanging through it were measured
@@ -47,8 +49,34 @@ def global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
     return dist.get_global_rank(group, rank)
 
 
-def _needs_batching(group: dist.ProcessGroup | None) -> bool:
-    return dist.get_backend(group) == "nccl"
+HOST = torch.device("cpu")
+
+
+def backend_for(group: dist.ProcessGroup | None, device: torch.device) -> str:
+    """The backend that moves ``group``'s tensors on ``device``: "gloo", "nccl", ...
+
+    A group made with one backend gives its name whatever the device. One made with a backend per
+    device ("cpu:gloo,cuda:nccl") or with none (torch's default, whose name is "undefined": gloo
+    for host tensors, and NCCL for CUDA ones where CUDA is seen) gives the one for ``device``'s
+    type, or "" where it has none for it.
+    """
+    name = str(dist.get_backend(group))
+    if ":" not in name and name != dist.Backend.UNDEFINED:
+        return name
+    for pair in dist.get_backend_config(group).split(","):
+        kind, _, backend = pair.partition(":")
+        if kind.strip() == device.type:
+            return backend.strip()
+    return ""
+
+
+def moves_host_tensors(group: dist.ProcessGroup | None) -> bool:
+    """Whether ``group`` moves tensors in host memory (all but a group of NCCL alone)."""
+    return backend_for(group, HOST) not in ("nccl", "")
+
+
+def _needs_batching(group: dist.ProcessGroup | None, device: torch.device) -> bool:
+    return backend_for(group, device) == "nccl"
 
 
 DUPLEX_ENV = "COMMBENCH_GLOO_DUPLEX"
@@ -68,7 +96,7 @@ def _resolved(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
 def group_timeout(group: dist.ProcessGroup | None) -> timedelta | None:
     """The timeout ``group`` was made with, for groups made beside it (None where unreadable;
     ``new_group`` then takes torch's default of 30 minutes, not the launch's ``--timeout``)."""
-    device = torch.device("cuda" if dist.get_backend(group) == "nccl" else "cpu")
+    device = HOST if moves_host_tensors(group) else torch.device("cuda")
     try:
         return _resolved(group)._get_backend(device).options._timeout
     except (AttributeError, RuntimeError):
@@ -88,7 +116,7 @@ def enable_duplex(group: dist.ProcessGroup | None) -> None:
     at once.
     """
     key = _resolved(group)
-    if key in _COMPANIONS or dist.get_world_size(group) != 2 or dist.get_backend(group) != "gloo":
+    if key in _COMPANIONS or dist.get_world_size(group) != 2 or backend_for(group, HOST) != "gloo":
         return
     if dist.get_world_size() != 2:
         return
@@ -119,7 +147,7 @@ def prepare(group: dist.ProcessGroup | None) -> None:
     if key in _PREPARED:
         return
     enable_duplex(group)
-    if dist.get_backend(group) == "gloo":
+    if backend_for(group, HOST) == "gloo":
         tcp.tune_local_connections()
     _PREPARED.add(key)
 
@@ -179,7 +207,7 @@ def exchange(
     do_send, do_recv = _moves(send), _moves(recv)
     if not (do_send or do_recv):
         return None, None
-    if _needs_batching(group):
+    if _needs_batching(group, (send if do_send else recv).device):
         ops = []
         if do_send:
             ops.append(dist.P2POp(dist.isend, send, global_rank(group, dst), group))
@@ -211,7 +239,7 @@ def link(group: dist.ProcessGroup | None, dst: int, src: int, device: torch.devi
     of the CPU time of posting one (docs/PERFORMANCE.md, "What a message costs"). Elsewhere
     (NCCL, CUDA tensors staged through the host) each call goes through exchange.
     """
-    if _needs_batching(group) or device.type != "cpu":
+    if _needs_batching(group, device) or device.type != "cpu":
         return (lambda tensor: send(tensor, dst, group)), (lambda tensor: recv(tensor, src, group))
     me = dist.get_rank(group)
     out_pg, out_peer = _carrier(group, me, dst, dst)

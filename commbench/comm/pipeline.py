@@ -35,9 +35,10 @@ def look_ahead(segment_bytes: int) -> int:
     return max(1, min(RECV_AHEAD, RECV_AHEAD_BYTES // max(1, segment_bytes)))
 
 
-def receives_ahead(group: dist.ProcessGroup | None, segment_bytes: int) -> int:
-    """How many receives to post ahead on ``group``'s backend (0 on NCCL, see above)."""
-    return 0 if dist.get_backend(group) == "nccl" else look_ahead(segment_bytes)
+def receives_ahead(group: dist.ProcessGroup | None, segment_bytes: int, device: torch.device) -> int:
+    """How many receives to post ahead on the backend that moves ``device``'s tensors in ``group``
+    (0 on NCCL, see above)."""
+    return 0 if p2p.backend_for(group, device) == "nccl" else look_ahead(segment_bytes)
 
 
 @dataclass(frozen=True)

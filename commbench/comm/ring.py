@@ -106,10 +106,10 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
-def _plan(chunks: list[Span], itemsize: int, segment_bytes: int, group) -> tuple[int, int]:
+def _plan(chunks: list[Span], flat: torch.Tensor, segment_bytes: int, group) -> tuple[int, int]:
     """(segments per chunk, receives posted ahead): none ahead on NCCL (see pipeline)."""
-    nseg = num_segments(max(b - a for a, b in chunks), itemsize, segment_bytes)
-    return nseg, pipeline.receives_ahead(group, segment_bytes)
+    nseg = num_segments(max(b - a for a, b in chunks), flat.element_size(), segment_bytes)
+    return nseg, pipeline.receives_ahead(group, segment_bytes, flat.device)
 
 
 def receive_slots(nseg: int, ahead: int, world: int) -> int:
@@ -145,7 +145,7 @@ def all_reduce(
     flat = tensor.view(-1)
     if world > 1 and flat.numel() > 0:
         chunks = split(flat.numel(), world)
-        nseg, ahead = _plan(chunks, flat.element_size(), segment_bytes, group)
+        nseg, ahead = _plan(chunks, flat, segment_bytes, group)
 
         def build() -> list[Unit]:
             units = _reduce_scatter_units(
@@ -182,7 +182,7 @@ def _reduce_scatter_equal(
         flat_out.copy_(flat_in)
     elif m > 0:
         chunks = [(i * m, (i + 1) * m) for i in range(world)]
-        nseg, ahead = _plan(chunks, flat_in.element_size(), segment_bytes, group)
+        nseg, ahead = _plan(chunks, flat_in, segment_bytes, group)
         key = ("ring.reduce_scatter", _where(flat_in), _where(flat_out), rank, world, nseg, ahead)
         units = plan(
             workspace,
@@ -244,7 +244,7 @@ def all_gather(
     flat[rank * m : (rank + 1) * m].copy_(input.view(-1))
     if world > 1 and m > 0:
         chunks = [(i * m, (i + 1) * m) for i in range(world)]
-        nseg, ahead = _plan(chunks, flat.element_size(), segment_bytes, group)
+        nseg, ahead = _plan(chunks, flat, segment_bytes, group)
         key = ("ring.all_gather", _where(flat), rank, world, nseg)
         units = plan(workspace, key, lambda: _all_gather_units(flat, chunks, rank, world, nseg))
         _run(units, rank, world, nseg, ahead, "sum", group)

@@ -21,6 +21,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from commbench.comm import p2p
 from commbench.probes import host, links, wirecheck
 
 T = TypeVar("T")
@@ -120,7 +121,7 @@ class WireCounter:
     """Counts interface bytes around passes of a collective; one per sweep or training run."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.device = device if not p2p.moves_host_tensors(None) else torch.device("cpu")
         self.nic = host.selected_nic()
         self.mtu = psutil.net_if_stats()[self.nic].mtu
         self.loopback = self.nic == "lo" or _address(self.nic).startswith("127.")
