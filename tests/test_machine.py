@@ -59,3 +59,41 @@ def test_the_header_and_the_report_say_when_the_code_was_modified():
     ]
     text = reporting.render_markdown(reporting.machine_section(runs))
     assert "| commit | 0123456789ab | 0123456789ab (modified) |" in text, text
+
+
+def _nvml(fail: str):
+    """A pynvml whose ``fail`` call raises, as the library does for a GPU it cannot query."""
+    import types
+
+    class NVMLError(Exception):
+        pass
+
+    def call(name, value):
+        def f(*args):
+            if name == fail:
+                raise NVMLError("Unknown Error")
+            return value
+
+        return f
+
+    calls = {
+        "nvmlInit": None,
+        "nvmlShutdown": None,
+        "nvmlDeviceGetCount": 1,
+        "nvmlDeviceGetHandleByIndex": object(),
+        "nvmlDeviceGetName": b"NVIDIA H100",
+        "nvmlSystemGetDriverVersion": "570.1",
+    }
+    return types.SimpleNamespace(**{name: call(name, value) for name, value in calls.items()})
+
+
+def test_gpu_information_nvml_cannot_give_is_left_out_not_an_error(monkeypatch):
+    """A GPU NVML could not query failed rank 0 of every run, a CPU sweep's too, before any point."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", _nvml(fail="none"))
+    assert machine._gpus() == {"driver": "570.1", "devices": ["NVIDIA H100"]}
+    for fail in ("nvmlDeviceGetHandleByIndex", "nvmlSystemGetDriverVersion", "nvmlInit", "nvmlShutdown"):
+        monkeypatch.setitem(sys.modules, "pynvml", _nvml(fail=fail))
+        expected = {"driver": "570.1", "devices": ["NVIDIA H100"]} if fail == "nvmlShutdown" else None
+        assert machine._gpus() == expected, fail

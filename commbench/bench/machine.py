@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shlex
@@ -69,8 +70,11 @@ def _gpus() -> dict[str, Any] | None:
             "driver": pynvml.nvmlSystemGetDriverVersion(),
             "devices": [n.decode() if isinstance(n, bytes) else n for n in names],
         }
+    except Exception:  # a GPU NVML cannot query (off the bus, not ours): the run goes on without it
+        return None
     finally:
-        pynvml.nvmlShutdown()
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
 
 
 def _command() -> str:
