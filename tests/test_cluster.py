@@ -129,8 +129,9 @@ def test_privilege_failure_is_exit_2_with_one_line(monkeypatch, capsys):
     assert err.strip().count("\n") == 0 and "needs root" in err
 
 
-def test_a_failed_build_step_is_one_line_and_exit_1(monkeypatch, capsys):
-    """What ip or tc says when a step fails (first line only) ends the run, without a traceback."""
+def test_a_failed_build_step_is_one_line_and_exit_3(monkeypatch, capsys):
+    """What ip or tc says when a step fails (first line only) ends the run, without a traceback,
+    with the exit code that tells a study nothing ran (a failed run exits with 1)."""
     said = "RTNETLINK answers: Operation not permitted; second line"
     monkeypatch.setattr(netns, "check_privileges", lambda: None)
     monkeypatch.setattr(netns, "namespaces", lambda: [])
@@ -139,7 +140,9 @@ def test_a_failed_build_step_is_one_line_and_exit_1(monkeypatch, capsys):
         "create",
         lambda topo, shaping: netns._run(["sh", "-c", f"echo '{said}' | tr ';' '\\n' >&2; exit 2"]),
     )
-    assert cli.main(["cluster", "--hosts", "2", "--", "sweep", "-b", "1K", "-e", "1K"]) == 1
+    assert (
+        cli.main(["cluster", "--hosts", "2", "--", "sweep", "-b", "1K", "-e", "1K"]) == cluster.NOT_BUILT == 3
+    )
     err = capsys.readouterr().err
     assert err.startswith("commbench: cluster: sh -c") and err.endswith(
         "RTNETLINK answers: Operation not permitted\n"

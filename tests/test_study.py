@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from commbench.bench import study
+from commbench.bench import cluster, study
 from commbench.bench.cli import build_parser, main
 
 NAMES = study.known_studies()
@@ -182,8 +182,8 @@ def test_an_interrupted_cluster_run_is_not_retried_on_local_ranks(tmp_path, monk
     assert [a[0] for a in started] == ["cluster"] and result.stopped == code and not result.outcomes
 
 
-def test_a_failed_cluster_run_s_records_are_kept_beside_the_local_rerun(tmp_path, monkeypatch):
-    """The run on local ranks wrote to the same file, and what the cluster had measured was lost."""
+def test_a_cluster_that_could_not_be_built_runs_on_local_ranks_beside_what_it_wrote(tmp_path, monkeypatch):
+    """The run on local ranks wrote to the same file, and what the cluster had written was lost."""
     monkeypatch.setattr(study, "cluster_available", lambda: None)
     config = study.StudyConfig(name="001_sync_strategies", out_dir=str(tmp_path / "st"), quiet=True)
     started: list[list[str]] = []
@@ -195,8 +195,8 @@ def test_a_failed_cluster_run_s_records_are_kept_beside_the_local_rerun(tmp_path
         path = Path(argv[argv.index("--json") + 1])
         path.write_text(json.dumps({"type": "probe", "by": argv[0]}) + "\n")
         if argv[0] == "cluster":
-            print("commbench: cluster: rank 1 died", file=sys.stderr)
-            return 1
+            print("commbench: cluster: tc qdisc add: RTNETLINK answers: No such device", file=sys.stderr)
+            return cluster.NOT_BUILT
         return 0
 
     result = study.run_study(config, execute=execute)
@@ -209,8 +209,31 @@ def test_a_failed_cluster_run_s_records_are_kept_beside_the_local_rerun(tmp_path
         and json.loads(aside.read_text())["by"] == "cluster"
     )
     assert outcome.note == (
-        f"local ranks: commbench cluster exited with 1 (commbench: cluster: rank 1 died); its records are in "
-        f"runs/{aside.name}"
+        "local ranks: the emulated cluster could not be built (commbench: cluster: tc qdisc add: RTNETLINK "
+        f"answers: No such device); its records are in runs/{aside.name}"
+    )
+
+
+def test_a_cluster_run_that_failed_is_a_failure_not_a_local_rerun(tmp_path, monkeypatch):
+    """A rank that died on the cluster (or ended in SIGABRT after its work) was re-run on local
+    ranks, whose loopback figures then stood in the cluster's group, and the study exited 0."""
+    monkeypatch.setattr(study, "cluster_available", lambda: None)
+    config = study.StudyConfig(name="001_sync_strategies", out_dir=str(tmp_path / "st"), quiet=True)
+    started: list[list[str]] = []
+
+    def execute(argv: list[str]) -> int:
+        started.append(argv)
+        if len(started) == 2:
+            return 130
+        print("commbench: rank 1 failed: killed by SIGKILL", file=sys.stderr)
+        return 1
+
+    result = study.run_study(config, execute=execute)
+    assert [a[0] for a in started] == ["cluster", "cluster"]
+    (outcome,) = result.outcomes
+    assert outcome.returncode == 1 and outcome.error == "commbench: rank 1 failed: killed by SIGKILL"
+    assert "FAILED: run 1 exited with 1 (commbench: rank 1 failed: killed by SIGKILL): cluster --hosts" in (
+        result.report.read_text()
     )
 
 

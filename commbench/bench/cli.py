@@ -508,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
                 return cluster.run(args)
             except netns.ClusterError as exc:
                 print(f"commbench: cluster: {exc}", file=sys.stderr)
-                return 1
+                return cluster.NOT_BUILT
         if args.command == "bandwidth":
             from commbench.bench import bandwidth
 

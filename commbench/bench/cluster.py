@@ -41,6 +41,7 @@ LAUNCHER_VARS = (
     "SLURM_PROCID",
     "SLURM_NTASKS",
 )
+NOT_BUILT = 3  # the exit code when the cluster could not be built (an ip or tc step failed): nothing ran
 STOP_GRACE_S = 5.0  # how long torchrun agents get to stop their ranks before everything is killed
 FAILURE_GRACE_S = 1.0  # after a first failure, how long to wait for others (to tell cause from effect)
 
@@ -102,7 +103,7 @@ def add_parser(sub: Any) -> None:
         "198.18.0.0/15 and a link shaped both ways with tc, start rank i on host i with torchrun (c10d "
         "rendezvous on host 0), run the commbench command given after '--', report each host's bytes "
         "(measured beside the cost model), then remove everything. Needs root (or CAP_NET_ADMIN and "
-        "CAP_SYS_ADMIN) and iproute2. Example: "
+        "CAP_SYS_ADMIN) and iproute2. Exits with 3 where an ip or tc step failed (nothing ran). Example: "
         "commbench cluster --hosts 4 --rate 1gbit -- sweep -a naive,ring",
     )
     # Required, but checked in config_from_args: argparse checks required options before it reports

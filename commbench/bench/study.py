@@ -33,6 +33,7 @@ from typing import Any
 
 from commbench.bench import reporting as rp
 from commbench.bench import signals
+from commbench.bench.cluster import NOT_BUILT
 from commbench.bench.records import output_path
 
 SCALES = ("tiny", "default", "full")
@@ -489,8 +490,8 @@ def run_study(
                 note = p.note if not why_not else f"local ranks: {why_not}"
                 start = time.perf_counter()
                 code, error = _run_one(arm, execute, argv)
-                if code not in (0, *INTERRUPTED) and p.local_argv is not None:  # the cluster could not run it
-                    note = f"local ranks: commbench cluster exited with {code}" + (
+                if code == NOT_BUILT and p.local_argv is not None:  # nothing ran: local ranks instead
+                    note = "local ranks: the emulated cluster could not be built" + (
                         f" ({error})" if error else ""
                     )
                     note += _set_aside(Path(p.json_path))
