@@ -72,7 +72,7 @@ def test_shaping_qdiscs_and_validation():
     assert Shaping(rate_bit=10**8).burst == 131072  # two 64 KiB segments; 8 ms of 100 Mbit/s is less
     assert Shaping(rate_bit=10**9, burst_bytes=4096).burst == 4096
     assert plain.qdisc_args() == [
-        ["root", "handle", "1:", "tbf", "rate", "1000000000bit", "burst", "1000000", "latency", "10.0ms"]
+        ["root", "handle", "1:", "tbf", "rate", "1000000000bit", "burst", "1000000", "latency", "10000us"]
     ]
     delayed = Shaping(rate_bit=10**9, delay_us=100, jitter_us=10, loss_percent=0.5)
     assert delayed.needs_netem and not plain.needs_netem
@@ -84,6 +84,21 @@ def test_shaping_qdiscs_and_validation():
         Shaping(jitter_us=5)
     with pytest.raises(ValueError, match="burst"):
         Shaping(burst_bytes=100)
+    # tbf stalled a link whose bucket could not hold one frame (the kernel said so in its log alone)
+    assert Shaping(burst_bytes=9014, mtu=9000).burst == 9014
+    with pytest.raises(ValueError, match=r"whole frame of the MTU \(9014 bytes or more\), got 9013"):
+        Shaping(burst_bytes=9013, mtu=9000)
+    # tc takes 32 bits of bucket, and 2**32 ticks of 64 ns of it at the rate, shrinking a longer one
+    assert Shaping(rate_bit=10**17).burst == (1 << 32) - 1  # 8 ms of the rate would be 10**11
+    with pytest.raises(ValueError, match="at most 4294967295 bytes"):
+        Shaping(burst_bytes=1 << 32)
+    with pytest.raises(ValueError, match=r"at most 274 s of the rate \(274000 bytes at 8000 bit/s\)"):
+        Shaping(rate_bit=8000, burst_bytes=274_001)
+    assert Shaping(rate_bit=8000, burst_bytes=274_000).burst == 274_000
+    # a queue under a microsecond was given to tc as 1e-07ms, which it refused after the build
+    assert Shaping(queue_ms=0.001).qdisc_args()[0][-2:] == ["latency", "1us"]
+    with pytest.raises(ValueError, match="queue must be from 1us"):
+        Shaping(queue_ms=0.0009)
     with pytest.raises(ValueError, match="loss"):
         Shaping(loss_percent=200)
 
@@ -160,6 +175,20 @@ def test_a_failed_build_step_is_one_line_and_exit_3(monkeypatch, capsys):
         (["--hosts", "2", "--rate", "1gbps", "--", "sweep"], "bad rate"),
         (["--hosts", "2", "--", "sweep", "--world-size", "4"], "--world-size is set by the cluster"),
         (["--hosts", "2", "--", "sweep", "--world-size=4"], "--world-size is set by the cluster"),
+        (["--hosts", "2", "--", "sweep", "--world", "3"], "--world-size is set by the cluster"),
+        (["--hosts", "2", "--burst", "", "--", "sweep"], "not a size: ''"),
+        (["--hosts", "2", "--delay", "", "--", "sweep"], "bad time ''"),
+        (["--hosts", "2", "--loss", "", "--", "sweep"], "bad percentage ''"),
+        (["--hosts", "2", "--mtu", "9000", "--burst", "4K", "--", "sweep"], "whole frame of the MTU"),
+        (["--hosts", "2", "--burst", "8G", "--", "sweep"], "at most 4294967295 bytes"),
+        (["--hosts", "2", "--queue", "0.0001us", "--", "sweep"], "queue must be from 1us"),
+        # each host's rank refused these (exit 1), after the cluster was built
+        (
+            ["--hosts", "2", "--", "sweep", "--collective", "reduce_scatter", "-b", "4", "-e", "4"],
+            "hold no whole",
+        ),
+        (["--hosts", "2", "--", "sweep", "--collective", "broadcast", "--root", "2"], "root 2 is not a rank"),
+        (["--hosts", "2", "--", "sweep", "--backend", "nccl"], "nccl"),
         (["--hosts", "2"], "no command after '--'"),
         (["--hosts", "2", "--", "summary", "x"], "not 'summary'"),
         (["--hosts", "2", "--jitter", "5us", "--", "sweep"], "jitter needs a delay"),
@@ -180,6 +209,55 @@ def test_bad_input_is_exit_2_with_one_line(argv, message, capsys, monkeypatch):
     assert cli.main(["cluster", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.strip().count("\n") == 0
+
+
+def test_cuda_without_cuda_is_refused_before_the_build(monkeypatch, capsys):
+    """Each host's rank refused it, after the cluster was built (exit 1)."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr(netns, "check_privileges", lambda: pytest.fail("built a cluster from bad input"))
+    assert cli.main(["cluster", "--hosts", "2", "--", "sweep", "--device", "cuda"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "commbench: error: --device cuda asked for, but CUDA is not available here\n"
+    )
+
+
+@pytest.mark.parametrize("when", ["before the hosts run", "as the record is written"])
+def test_a_stop_signal_outside_the_hosts_run_unwinds_and_keeps_the_record(
+    tmp_path, monkeypatch, capsys, when
+):
+    """Outside run_hosts' own handlers a SIGTERM ended the process where it stood: the scratch
+    directory stayed, and the run's cluster record could be lost after the run had finished."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    monkeypatch.setattr(netns, "check_privileges", lambda: None)
+    out = tmp_path / "r.jsonl"
+
+    def run_hosts(config, argv, work):
+        assert work.parent == scratch
+        if when == "before the hosts run":  # as in the removal of an earlier run's namespaces
+            os.kill(os.getpid(), signal.SIGTERM)
+        out.write_text(json.dumps({"type": "header"}) + "\n")
+        return {0: (1000, 2000), 1: (2000, 1000)}
+
+    read = cluster._read_records
+
+    def read_records(path):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return read(path)
+
+    monkeypatch.setattr(cluster, "run_hosts", run_hosts)
+    monkeypatch.setattr(cluster, "_read_records", read_records)
+    argv = ["cluster", "--hosts", "2", "--", "sweep", "-b", "1K", "-e", "1K", "--json", str(out)]
+    assert cli.main(argv) == 128 + signal.SIGTERM
+    assert list(scratch.iterdir()) == []
+    assert capsys.readouterr().err.startswith("commbench: interrupted")
+    if when == "as the record is written":
+        (record,) = [r for r in map(json.loads, out.read_text().splitlines()) if r["type"] == "cluster"]
+        assert [h["tx_bytes"] for h in record["hosts"]] == [1000, 2000]
+    else:
+        assert not out.exists()
 
 
 def test_failure_text_and_first_failure():
@@ -234,7 +312,7 @@ def _assert_clean(owner: int, before: tuple[set[str], set[str]]) -> None:
 
 
 @needs_privileges
-def test_three_hosts_bytes_per_host_match_the_cost_model(tmp_path, capfd):
+def test_three_hosts_bytes_per_host_match_the_cost_model(tmp_path, capfd, monkeypatch):
     """naive: rank 0 moves (n-1)x what the others move; ring: balanced; measured at the switch."""
     before = _root_state()
     dead = subprocess.run(
@@ -243,12 +321,17 @@ def test_three_hosts_bytes_per_host_match_the_cost_model(tmp_path, capfd):
     stale = f"commbench-{int(dead.stdout)}-h0"  # as a crashed earlier run leaves it
     subprocess.run(["ip", "netns", "add", stale], check=True, timeout=30)
     out = tmp_path / "c3.jsonl"
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the hosts' default, which the run should not fill
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
     argv = ["cluster", "--hosts", "3", "--rate", "500mbit", "--", "sweep", "-a", "naive,ring"]
     argv += ["-b", "256K", "-e", "1M", "-f", "4", "-n", "3", "-w", "1", "--no-limit", "--json", str(out)]
     code = cli.main(argv)
     captured = capfd.readouterr()
     assert code == 0, captured.err[-2000:]
     _assert_clean(os.getpid(), before)
+    assert list(scratch.iterdir()) == []  # each host's torchrun left a torchelastic_* directory here
     assert stale not in netns.namespaces(), "a dead run's namespace was not removed at start"
     records = [json.loads(x) for x in out.read_text().splitlines()]
     sweep = [r for r in records if r.get("type") == "sweep"]

@@ -235,12 +235,17 @@ def launch_spec(args: argparse.Namespace) -> Any:
     spec = launch.LaunchSpec(
         world_size=world, device=args.device, backend=args.backend, timeout_s=args.timeout
     )
-    if spec.device == "cuda":
+    check_device(spec.device)
+    return spec
+
+
+def check_device(device: str) -> None:
+    """Refuse --device cuda where CUDA is not available (ValueError, one line)."""
+    if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise ValueError("--device cuda asked for, but CUDA is not available here")
-    return spec
 
 
 def _sweep_rank(config: Any, device: str, plot_path: str | None) -> list[dict]:
@@ -269,6 +274,15 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None) -> list[dict]:
 
             plot_probe_timeline(sink.probe_record, timeline_path(plot_path), title)
     return rows
+
+
+def check_sweep(config: Any, spec: Any, local: int | None = None) -> None:
+    """What a sweep's ranks would refuse after they started: a root outside the world, sizes that
+    hold no element, buffers beyond this host's memory (``local``: see check_sweep_memory)."""
+    if config.root >= spec.world_size:
+        raise ValueError(f"root {config.root} is not a rank of a world of {spec.world_size}")
+    _check_some_size_fits(config, spec.world_size)
+    check_sweep_memory(config, spec, local)
 
 
 def _check_some_size_fits(config: Any, world: int) -> None:
@@ -321,10 +335,7 @@ def cmd_sweep(config: Any, spec: Any, plot_path: str | None) -> int:
     from commbench.bench import launch
     from commbench.bench.records import check_outputs
 
-    if config.root >= spec.world_size:
-        raise ValueError(f"root {config.root} is not a rank of a world of {spec.world_size}")
-    _check_some_size_fits(config, spec.world_size)
-    check_sweep_memory(config, spec)
+    check_sweep(config, spec)
     check_outputs(json=config.json_path, csv=config.csv_path, plot=plot_path, writes=launch.writes_outputs())
     launch.run(_sweep_rank, (config, spec.device, plot_path), spec)
     return 0

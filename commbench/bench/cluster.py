@@ -136,11 +136,11 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
         raise ValueError("--hosts is required (one rank per host): commbench cluster --hosts 4 -- sweep")
     shaping = Shaping(
         rate_bit=netns.parse_rate(args.rate),
-        burst_bytes=parse_size(args.burst) if args.burst else None,
+        burst_bytes=parse_size(args.burst) if args.burst is not None else None,  # '' is refused, not unset
         queue_ms=netns.parse_time_us(args.queue) / 1e3,
-        delay_us=netns.parse_time_us(args.delay) if args.delay else 0.0,
-        jitter_us=netns.parse_time_us(args.jitter) if args.jitter else 0.0,
-        loss_percent=netns.parse_percent(args.loss) if args.loss else 0.0,
+        delay_us=netns.parse_time_us(args.delay) if args.delay is not None else 0.0,
+        jitter_us=netns.parse_time_us(args.jitter) if args.jitter is not None else 0.0,
+        loss_percent=netns.parse_percent(args.loss) if args.loss is not None else 0.0,
         mtu=args.mtu,
     )
     return ClusterConfig(hosts=args.hosts, shaping=shaping, inner=tuple(inner))
@@ -160,48 +160,69 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
         args: the parsed command line.
         privileges: raises ValueError when the cluster cannot be built (default: the real check).
     """
-    from commbench.bench.cli import build_parser, check_environment
+    from commbench.bench.cli import build_parser
+    from commbench.bench.launch import Interrupted
 
-    check_environment()  # the hosts' ranks would each refuse it, after the cluster was built
     config = config_from_args(args)
     inner = build_parser().parse_args(list(config.inner))  # bad inner input: exit 2 before building
-    _check_outputs(inner)
+    check_inner(inner, config.hosts)
     args.json = inner.json  # an interruption's one line names where the finished points are
-    if inner.command in ("train", "compare"):  # each host's rank would refuse it, after the build
-        from commbench.bench import train
-
-        train.check_launch(train.train_config(inner), config.hosts, inner.device)
-    if inner.command == "sweep":  # every host's rank lives in this machine's memory
-        from commbench.bench import cli, launch
-
-        cli.check_sweep_memory(
-            cli.sweep_config(inner),
-            launch.LaunchSpec(world_size=config.hosts, device=inner.device),
-            config.hosts,
-        )
     (privileges or netns.check_privileges)()
-    with tempfile.TemporaryDirectory(prefix="commbench-cluster-") as work:
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise Interrupted(signum)
+
+    # From the scratch directory on, a stop signal unwinds (run_hosts has handlers of its own
+    # while the cluster stands): the directory was left behind by one that came outside them.
+    with (
+        signals.handled(signals.STOPS, on_signal),
+        tempfile.TemporaryDirectory(prefix="commbench-cluster-") as work,
+    ):
         json_path = getattr(inner, "json", None)
         argv = list(config.inner)
         if config.inner[0] == "sweep" and not json_path:  # the report needs the records
             json_path = str(Path(work, "sweep.jsonl"))
             argv += ["--json", json_path]
         measured = run_hosts(config, argv, Path(work))
-        records = _read_records(json_path)
-        calls_extra = extra_calls(inner)
-        hosts = host_traffic(config, measured, records, calls_extra)
-        record = ClusterRecord(
-            hosts=tuple(hosts),
-            link_rate_gbps=config.shaping.link_gbps,
-            tc=config.shaping.as_record(),
-            command=shlex.join(config.inner),
-        )
-        if getattr(inner, "json", None):
-            with open(inner.json, "a") as f:
-                f.write(json.dumps(dataclasses.asdict(record)) + "\n")
+        with signals.noted(signals.STOPS) as stopped:  # the run's record is written whole, or not at all
+            records = _read_records(json_path)
+            hosts = host_traffic(config, measured, records, extra_calls(inner))
+            record = ClusterRecord(
+                hosts=tuple(hosts),
+                link_rate_gbps=config.shaping.link_gbps,
+                tc=config.shaping.as_record(),
+                command=shlex.join(config.inner),
+            )
+            if getattr(inner, "json", None):
+                with open(inner.json, "a") as f:
+                    f.write(json.dumps(dataclasses.asdict(record)) + "\n")
+        if stopped:
+            raise Interrupted(stopped[0])
         if not getattr(inner, "quiet", False):  # -q on the command: no tables, the cluster's neither
             print(report(config, hosts, records), flush=True)
     return 0
+
+
+def check_inner(inner: argparse.Namespace, hosts: int) -> None:
+    """What each host's rank would refuse only after the cluster was built (ValueError, exit 2):
+    a --world-size however abbreviated, the launch settings, the outputs, and the command's own
+    checks (a sweep's sizes, root and memory; a training run's batch against the ranks)."""
+    from commbench.bench import cli, launch
+
+    cli.check_environment()
+    if getattr(inner, "world_size", None) is not None:  # argparse takes --world for --world-size
+        raise ValueError("--world-size is set by the cluster (one rank per host); use --hosts instead")
+    spec = launch.LaunchSpec(
+        world_size=hosts, device=inner.device, backend=inner.backend, timeout_s=inner.timeout
+    )
+    cli.check_device(spec.device)
+    _check_outputs(inner)
+    if inner.command in ("train", "compare"):
+        from commbench.bench import train
+
+        train.check_launch(train.train_config(inner), hosts, inner.device)
+    if inner.command == "sweep":  # every host's rank lives in this machine's memory
+        cli.check_sweep(cli.sweep_config(inner), spec, local=hosts)
 
 
 def _read_records(path: str | None) -> list[dict[str, Any]]:
@@ -304,7 +325,7 @@ def run_hosts(config: ClusterConfig, argv: Sequence[str], work: Path) -> dict[in
                     procs.append(
                         subprocess.Popen(
                             host_command(topo, i, argv, config.join_timeout_s),
-                            env=host_env(dict(os.environ), topo, i, config.shaping),
+                            env={**host_env(dict(os.environ), topo, i, config.shaping), "TMPDIR": str(work)},
                             stdin=subprocess.DEVNULL,
                             stdout=None if i == 0 else log,
                             stderr=log,

@@ -61,6 +61,11 @@ def parse_percent(text: str) -> float:
     return float(m.group(1))
 
 
+ETHERNET_HEADER = 14  # tbf measures a frame with its header: MTU 9000 is 9014 bytes to the bucket
+MAX_BURST = (1 << 32) - 1  # tc takes the bucket as 32 bits
+MAX_BURST_S = 274.0  # and its time at the rate as 2**32 ticks of 64 ns (274.9 s), shrinking a longer one
+
+
 @dataclass(frozen=True, kw_only=True)
 class Shaping:
     """How each host's link is shaped, the same in both directions.
@@ -90,10 +95,25 @@ class Shaping:
             raise ValueError(f"MTU must be between 576 and 65535 bytes, got {self.mtu}")
         if self.rate_bit < 8000:
             raise ValueError(f"rate must be >= 8000 bit/s, got {self.rate_bit}")
-        if self.burst_bytes is not None and self.burst_bytes < 2048:
-            raise ValueError(f"burst must be >= 2048 bytes (more than one frame), got {self.burst_bytes}")
-        if not 0 < self.queue_ms <= 10_000:
-            raise ValueError(f"queue must be in (0, 10000] ms, got {self.queue_ms}")
+        if self.burst_bytes is not None:
+            least = max(2048, self.mtu + ETHERNET_HEADER)  # a frame that cannot fit stalls the link
+            if self.burst_bytes < least:
+                raise ValueError(
+                    f"burst must hold a whole frame of the MTU ({least} bytes or more), "
+                    f"got {self.burst_bytes}"
+                )
+            if self.burst_bytes > MAX_BURST:
+                raise ValueError(
+                    f"burst must be at most {MAX_BURST} bytes (tc's limit), got {self.burst_bytes}"
+                )
+            if self.burst_bytes * 8 / self.rate_bit > MAX_BURST_S:  # tc would shrink it without a word
+                raise ValueError(
+                    f"burst must be at most {MAX_BURST_S:.0f} s of the rate "
+                    f"({int(self.rate_bit * MAX_BURST_S // 8)} bytes at {self.rate_bit} bit/s), "
+                    f"got {self.burst_bytes}"
+                )
+        if not 0.001 <= self.queue_ms <= 10_000:
+            raise ValueError(f"queue must be from 1us to 10000 ms, got {self.queue_ms} ms")
         for name in ("delay_us", "jitter_us", "loss_percent"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -113,12 +133,14 @@ class Shaping:
 
     @property
     def burst(self) -> int:
-        return self.burst_bytes if self.burst_bytes is not None else max(128 << 10, self.rate_bit // 1000)
+        if self.burst_bytes is not None:
+            return self.burst_bytes
+        return min(max(128 << 10, self.rate_bit // 1000), MAX_BURST)
 
     def qdisc_args(self) -> list[list[str]]:
         """``tc qdisc add dev X`` argument lists, root first: netem (if asked for) over tbf."""
         tbf = ["tbf", "rate", f"{self.rate_bit}bit", "burst", str(self.burst)]
-        tbf += ["latency", f"{self.queue_ms}ms"]
+        tbf += ["latency", f"{round(self.queue_ms * 1000)}us"]
         if not self.needs_netem:
             return [["root", "handle", "1:", *tbf]]
         netem = ["netem"]
