@@ -35,6 +35,7 @@ def test_cpu_table_and_json(tmp_path, capsys):
         (["bandwidth", "--size", "12T"], "not a size"),
         (["bandwidth", "--size", "0"], "at least 1 byte"),
         (["bandwidth", "--iters", "0"], "--iters"),
+        (["bandwidth", "--size", "1", "--iters", "99999999999999999999999"], "--iters must be in 1..1000000"),
         (["bandwidth", "--device", "tpu"], "invalid choice"),
         (["bandwidth", "--json", "/nonexistent-dir/bw.jsonl"], "cannot write"),
         (["bandwidth", "--size", "1000000G"], "do not fit"),

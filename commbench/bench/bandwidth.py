@@ -20,6 +20,7 @@ from commbench.units import format_size, parse_size
 # and framing, so pinned copies reach 84-91% of the encoded link rate; 85% is what to expect.
 PCIE_PAYLOAD_EFFICIENCY = 0.85
 WARMUP = 2
+MAX_ITERS = 1_000_000  # more copies add nothing to a median, and keep one time each in memory
 CPU_LIMIT_NOTE = (
     "limit n/a on CPU: the memory system's peak (channels x speed) has no portable source, so "
     "host->host copies have no ceiling here"
@@ -70,7 +71,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="bytes per copy, or with a K/M/G suffix (2^10, 2^20, 2^30 bytes); default 64M",
     )
     p.add_argument(
-        "--iters", type=int, default=10, help="timed copies per kind; the median is shown (default 10)"
+        "--iters",
+        type=int,
+        default=10,
+        help=f"timed copies per kind, at most {MAX_ITERS}; the median is shown (default 10)",
     )
     p.add_argument(
         "--json",
@@ -169,8 +173,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.size < 1:
         raise ValueError(f"--size must be at least 1 byte, got {args.size}")
-    if args.iters < 1:
-        raise ValueError(f"--iters must be >= 1, got {args.iters}")
+    if not 1 <= args.iters <= MAX_ITERS:
+        raise ValueError(f"--iters must be in 1..{MAX_ITERS}, got {args.iters}")
     if 2 * args.size > psutil.virtual_memory().available:
         raise ValueError(
             f"--size {format_size(args.size)}: two buffers of it do not fit in available host memory"
