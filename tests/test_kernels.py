@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 
 import pytest
 import torch
 
 from commbench.kernels import copy as copies
-from commbench.kernels.compute import burn_flops, matmul_plan
+from commbench.kernels.compute import MAX_DIM, MIN_DIM, burn_flops, matmul_plan
 
 
 def test_host_copy_reports_consistent_units():
@@ -59,6 +60,27 @@ def test_matmul_plan_matches_the_request():
     for bad in (0, -1, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="flops"):
             matmul_plan(bad, "cpu")
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+@pytest.mark.parametrize("multiple", [1.49, 1.5, 2.51, 7.9, 1000.3])
+def test_matmul_plan_past_the_cap_is_within_a_percent(device_type, multiple):
+    """Past the cap the count of matmuls is rounded up: 1.49 caps' worth is two smaller matmuls,
+    not one of the cap (a third short)."""
+    cap = MAX_DIM[device_type]
+    flops = multiple * 2 * cap**3
+    n, reps = matmul_plan(flops, device_type)
+    assert reps == math.ceil(multiple) and n <= cap
+    assert abs(reps * 2 * n**3 - flops) / flops < 0.01
+
+
+def test_matmul_plan_for_small_requests_is_the_closest_single_matmul():
+    """Below one matmul of the cap, the n whose 2 n^3 is nearest (the nearest cube root is not
+    always it), and never less than MIN_DIM."""
+    for flops in [*range(1, 2 * 40**3, 97), 2 * 8.51**3, 2 * 20.5**3, 2 * 20.51**3]:
+        n, reps = matmul_plan(flops, "cpu")
+        best = min(abs(2 * k**3 - flops) for k in range(MIN_DIM, 41))
+        assert reps == 1 and abs(2 * n**3 - flops) == best, flops
 
 
 def test_burn_flops_on_cpu():

@@ -13,12 +13,22 @@ MIN_DIM = 8
 
 
 def matmul_plan(flops: float, device_type: str) -> tuple[int, int]:
-    """(n, repeats): square n x n matmuls (2 n^3 FLOPs each) whose total is closest to ``flops``."""
+    """(n, repeats): the fewest square n x n matmuls (2 n^3 FLOPs each, n from MIN_DIM to the
+    device's cap) whose FLOPs can add up to ``flops``, with the n that brings their total closest.
+
+    Fewest first, as large matmuls measure the device better than many small ones. Past the cap
+    the count is rounded up, so each matmul keeps at least half the cap's FLOPs and the total is
+    within about 1.5 / n of ``flops`` (a count rounded to the nearest could miss by a third).
+    """
     if not (math.isfinite(flops) and flops > 0):
         raise ValueError(f"flops must be positive and finite, got {flops!r}")
     cap = MAX_DIM.get(device_type, MAX_DIM["cpu"])
-    n = min(cap, max(MIN_DIM, round((flops / 2) ** (1 / 3))))
-    repeats = max(1, round(flops / (2 * n**3)))
+    repeats = max(1, math.ceil(flops / (2 * cap**3)))
+    root = (flops / (2 * repeats)) ** (1 / 3)  # the n at which the total would be exact
+    # Of the whole numbers either side of it, the nearer in FLOPs (cubes grow unevenly, so not
+    # always the nearer in n); in floats, so a total past the float range compares as inf.
+    sides = (min(cap, max(MIN_DIM, k)) for k in (math.floor(root), math.floor(root) + 1))
+    n = min(sides, key=lambda k: abs(2.0 * repeats * k**3 - flops))
     return n, repeats
 
 
