@@ -35,7 +35,8 @@ def matmul_plan(flops: float, device_type: str) -> tuple[int, int]:
 def burn_flops(
     flops: float, device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.float32
 ) -> tuple[float, float]:
-    """Do about ``flops`` floating-point operations of matmul on ``device``.
+    """Do about ``flops`` floating-point operations of matmul on ``device``, timed, after one
+    untimed matmul of the same size.
 
     Returns:
         (seconds, achieved_flops_per_s): wall time on CPU, CUDA-event time on CUDA; the rate counts
@@ -48,6 +49,9 @@ def burn_flops(
     a = torch.rand(n, n, device=dev, dtype=dtype)
     b = torch.rand(n, n, device=dev, dtype=dtype)
     out = torch.empty(n, n, device=dev, dtype=dtype)
+    # One untimed matmul first: the first on a device also sets up its library (cuBLAS handle and
+    # workspace, kernel loading; on CPU the thread pool), which is no part of the rate measured.
+    torch.mm(a, b, out=out)
     if dev.type == "cuda":
         with torch.cuda.device(dev):  # events belong to the device the matmuls run on
             torch.cuda.synchronize()
