@@ -105,3 +105,28 @@ def test_pack_unpack_round_trip() -> None:
     assert all(torch.equal(a, b) for a, b in zip(tensors, out, strict=True))
     with pytest.raises(ValueError, match="elements"):
         pack(tensors, torch.empty(3))
+
+
+@pytest.mark.parametrize(
+    "tensor,flat,needle",
+    [
+        (
+            torch.ones(3, dtype=torch.float64),
+            torch.empty(3),
+            "tensor 0 is torch.float64 but the bucket is torch.float32",
+        ),
+        (torch.ones(3, dtype=torch.bfloat16), torch.empty(3), "convert it first"),
+        (torch.ones(3, device="meta"), torch.empty(3), "tensor 0 is on meta but the bucket is on cpu"),
+        (torch.ones(4), torch.empty(2, 2), "1-D, got shape \\(2, 2\\)"),
+    ],
+    ids=["float64", "bfloat16", "device", "2-D"],
+)
+def test_pack_and_unpack_neither_convert_nor_move(tensor, flat, needle) -> None:
+    """A bucket of another dtype or device, or not flat, is refused before anything is copied."""
+    before = tensor.clone()
+    with pytest.raises(ValueError, match=needle):
+        pack([tensor], flat)
+    with pytest.raises(ValueError, match=needle):
+        unpack(flat, [tensor])
+    if tensor.device.type != "meta":
+        assert torch.equal(tensor, before)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from commbench.kernels import copy as copies
+from commbench.kernels import reduce_into
 from commbench.kernels.compute import MAX_DIM, MIN_DIM, burn_flops, matmul_plan
 
 
@@ -48,6 +49,28 @@ def test_copy_bad_input(kwargs, needle):
 def test_copy_on_an_unknown_device_type():
     with pytest.raises(ValueError, match="meta"):
         copies.copy_bandwidth(8, "meta")
+
+
+@pytest.mark.parametrize(
+    "out,a,b,needle",
+    [
+        (torch.zeros(4), torch.ones(4), torch.ones(1), "one shape, got out \\(4,\\), a \\(4,\\), b \\(1,\\)"),
+        (torch.zeros(4), torch.ones(4), torch.ones(2, 2), "one shape"),
+        (torch.zeros(4), torch.ones(4), torch.ones(4, dtype=torch.float64), "one dtype"),
+        (torch.zeros(4), torch.ones(4), torch.ones(4, device="meta"), "one device"),
+    ],
+    ids=["broadcast", "2-D", "dtype", "device"],
+)
+def test_reduce_into_refuses_what_torch_would_broadcast_or_convert(out, a, b, needle):
+    with pytest.raises(ValueError, match=needle):
+        reduce_into(out, a, b, "sum")
+    assert torch.equal(out, torch.zeros(4))
+
+
+def test_reduce_into_may_write_into_an_operand():
+    a = torch.tensor([1.0, 5.0, -2.0])
+    assert reduce_into(a, a, torch.tensor([2.0, 1.0, 3.0]), "max") is a
+    assert a.tolist() == [2.0, 5.0, 3.0]
 
 
 def test_matmul_plan_matches_the_request():

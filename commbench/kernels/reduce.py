@@ -17,8 +17,20 @@ def reduce_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) ->
     """Write ``a (op) b`` into ``out`` (which may alias ``a``) and return ``out``.
 
     Args:
-        out: destination, same shape and dtype as ``a`` and ``b``.
+        out: destination, same shape, dtype and device as ``a`` and ``b``.
         a, b: operands.
         op: one of sum, avg, prod, max, min (avg accumulates as sum).
+
+    Raises:
+        ValueError: when the three differ in shape, dtype or device. torch would broadcast a
+            smaller operand or promote a dtype without a word, hiding a wrong-sized buffer.
     """
+    if not out.shape == a.shape == b.shape:
+        raise ValueError(
+            f"reduce_into needs one shape, got out {tuple(out.shape)}, a {tuple(a.shape)}, b {tuple(b.shape)}"
+        )
+    if not out.dtype == a.dtype == b.dtype:
+        raise ValueError(f"reduce_into needs one dtype, got out {out.dtype}, a {a.dtype}, b {b.dtype}")
+    if not out.device == a.device == b.device:
+        raise ValueError(f"reduce_into needs one device, got out {out.device}, a {a.device}, b {b.device}")
     return _BINARY[op](a, b, out=out)
