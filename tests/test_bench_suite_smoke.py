@@ -1,4 +1,7 @@
-"""The pytest-benchmark suite runs (one size, one round), so it cannot rot between `make bench` runs."""
+"""The pytest-benchmark suite runs (one size, one round), so it cannot rot between `make bench` runs.
+
+It runs with profiling on, in loops of two: pytest-benchmark then calls each collective once more
+after its rounds and once with no setup before it, which the other ranks must follow too."""
 
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ def test_benchmark_suite_smoke():
             "-p",
             "no:cacheprovider",
             "--benchmark-columns=median,rounds",
+            "--benchmark-cprofile=cumtime",
+            "--benchmark-cprofile-loops=2",
+            "--benchmark-cprofile-top=1",
         ],
         cwd=ROOT,
         capture_output=True,

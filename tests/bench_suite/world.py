@@ -2,8 +2,11 @@
 
 The other ranks are started by the elastic launcher, leave the group it made them, and join
 this one through a TCPStore that the pytest process owns. Before each benchmark, rank 0 tells
-them which call to repeat and how often; every repetition starts with the same barrier that
-pytest-benchmark's setup runs on rank 0, outside the timed region.
+them which call to repeat. They follow rank 0 call by call rather than count calls, since
+pytest-benchmark makes more with some options (``--benchmark-cprofile``): before each call rank 0
+broadcasts "one more", then all meet at a barrier, both outside the timed region; at the end it
+broadcasts "done", and each rank checks its own last result and puts its count of wrong elements
+in the store for rank 0 to assert on.
 """
 
 from __future__ import annotations
@@ -22,14 +25,23 @@ from commbench.bench.collectives import SPECS, Buffers
 from commbench.comm.ops import parse_dtype
 
 PREFIX = "bench"
+RESULT_TIMEOUT = timedelta(seconds=120)  # as the group's: a helper's check is far shorter
+MORE, DONE = 1, 0  # what rank 0 broadcasts before each call and after the last
 
 
-def make(collective: str, size_bytes: int, dtype: str, rank: int, world: int) -> Buffers:
+def make(collective: str, size_bytes: int, dtype: str, rank: int, world: int, root: int = 0) -> Buffers:
     spec = SPECS[collective]
     dt = parse_dtype(dtype)
     return spec.make(
-        spec.count(size_bytes, dt.itemsize, world), dt, torch.device("cpu"), rank, world, "sum", 0
+        spec.count(size_bytes, dt.itemsize, world), dt, torch.device("cpu"), rank, world, "sum", root
     )
+
+
+def _next(word: int = DONE) -> int:
+    """Rank 0's word to the others, MORE or DONE: rank 0 passes it, the others get it back."""
+    t = torch.tensor([word], dtype=torch.int64)
+    dist.broadcast(t, 0)
+    return int(t.item())
 
 
 def _helper(host: str, port: int, world: int) -> None:
@@ -47,12 +59,14 @@ def _helper(host: str, port: int, world: int) -> None:
     workspace = comm.Workspace()
     i = 0
     while (cmd := pickle.loads(store.get(f"cmd/{i}"))) is not None:
-        collective, algorithm, size_bytes, dtype, calls = cmd
-        b = make(collective, size_bytes, dtype, rank, world)
-        for _ in range(calls):
+        collective, algorithm, size_bytes, dtype, root = cmd
+        spec = SPECS[collective]
+        b = make(collective, size_bytes, dtype, rank, world, root)
+        while _next() == MORE:
             b.input.copy_(b.reference)
             dist.barrier()
-            SPECS[collective].run(b, algorithm, "sum", 0, None, workspace)
+            spec.run(b, algorithm, "sum", root, None, workspace)
+        store.set(f"wrong/{i}/{rank}", str(spec.wrong(b, "sum", rank, world, root)))
         i += 1
 
 
@@ -85,11 +99,24 @@ class BenchWorld:
         )
         self.workspace = comm.Workspace()
 
-    def announce(self, collective: str, algorithm: str, size_bytes: int, dtype: str, calls: int) -> None:
+    def announce(self, collective: str, algorithm: str, size_bytes: int, dtype: str, root: int) -> None:
+        """The call the other ranks repeat until :meth:`results`."""
         if self.error is not None:
             raise RuntimeError(f"benchmark helpers failed: {self.error}")
-        self.store.set(f"cmd/{self.i}", pickle.dumps((collective, algorithm, size_bytes, dtype, calls)))
+        self.store.set(f"cmd/{self.i}", pickle.dumps((collective, algorithm, size_bytes, dtype, root)))
         self.i += 1
+
+    def one_more(self) -> None:
+        """Before each call on rank 0: the others copy their input afresh and meet it at a barrier."""
+        _next(MORE)
+        dist.barrier()
+
+    def results(self) -> dict[int, int]:
+        """After rank 0's last call: the count of wrong elements in each other rank's last result."""
+        _next(DONE)
+        keys = [f"wrong/{self.i - 1}/{r}" for r in range(1, self.size)]
+        self.store.wait(keys, RESULT_TIMEOUT)
+        return {r: int(self.store.get(k)) for r, k in enumerate(keys, start=1)}
 
     def close(self) -> Any:
         self.store.set(f"cmd/{self.i}", pickle.dumps(None))
