@@ -130,3 +130,22 @@ def test_pack_and_unpack_neither_convert_nor_move(tensor, flat, needle) -> None:
         unpack(flat, [tensor])
     if tensor.device.type != "meta":
         assert torch.equal(tensor, before)
+
+
+def test_a_model_of_mixed_dtypes_is_refused_before_its_first_step():
+    """Its gradients were packed into the first parameter's dtype (a float16 bucket rounded the
+    float32 ones); the kernels now refuse that mid-backward, so the sync says so at wrap."""
+    from torch import nn
+
+    from commbench.trainers import sync
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    assert sync.packable(model) == list(model.parameters())
+    model[1].half()
+    with pytest.raises(
+        ValueError, match=r"parameters are float16 on cpu, float32 on cpu \(ddp takes them\)$"
+    ):
+        sync.packable(model)
+    model.requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        sync.packable(model)

@@ -42,6 +42,21 @@ def trainable(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def packable(model: nn.Module) -> list[nn.Parameter]:
+    """The trainable parameters, whose gradients go into flat buffers of the first one's dtype and
+    device: ValueError, before the first step, where they do not all share them."""
+    params = trainable(model)
+    if not params:
+        raise ValueError("the model has no trainable parameters to synchronise")
+    kinds = sorted({(str(p.dtype).removeprefix("torch."), str(p.device)) for p in params})
+    if len(kinds) > 1:
+        raise ValueError(
+            "the hand-written strategies pack every gradient into one dtype on one device; this model's "
+            f"trainable parameters are {', '.join(f'{d} on {dev}' for d, dev in kinds)} (ddp takes them)"
+        )
+    return params
+
+
 class GradSync:
     """No communication: the ``none`` strategy, and the base of the others."""
 
@@ -88,7 +103,7 @@ class AfterBackward(GradSync):
         self.flat: torch.Tensor | None = None
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        self.params = trainable(model)
+        self.params = packable(model)
         p0 = self.params[0]
         self.flat = torch.empty(sum(p.numel() for p in self.params), dtype=p0.dtype, device=p0.device)
         return model
@@ -161,7 +176,7 @@ class Bucketed(GradSync):
         self._lock = threading.Lock()
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        self.params = trainable(model)
+        self.params = packable(model)
         p0 = self.params[0]
         self.buckets = assign_buckets(
             [p.numel() for p in self.params], p0.element_size(), self.cap_bytes, self.first_cap_bytes
