@@ -619,3 +619,19 @@ def test_a_stop_dropped_by_a_finaliser_is_kept_and_other_dropped_errors_still_re
     Raises(Stop())  # once the launch is over, Python's own handling is back
     assert lost == [signal.SIGTERM, signal.SIGINT]
     assert [type(e) for e in reported] == [ValueError, Stop]
+
+
+def test_a_slurm_job_without_master_port_gets_a_port_of_its_own(monkeypatch):
+    """Two jobs on one node both took 29500, and the second failed to listen."""
+    from commbench.bench import launch
+
+    assert launch.slurm_port({"SLURM_JOB_ID": "123"}) == 29623 == launch.slurm_port({"SLURM_JOB_ID": "3123"})
+    assert launch.slurm_port({"SLURM_JOB_ID": "124"}) == 29624
+    assert launch.slurm_port({}) == launch.slurm_port({"SLURM_JOB_ID": "x"}) == 29500
+    assert all(29500 <= launch.slurm_port({"SLURM_JOB_ID": str(j)}) < 32768 for j in range(0, 10**6, 997))
+    for name in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "77"}.items():
+        monkeypatch.setenv(name, value)
+    launch._adopt_slurm_env()
+    assert os.environ["MASTER_PORT"] == "29577" and os.environ["RANK"] == "0"

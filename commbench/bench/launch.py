@@ -91,7 +91,16 @@ def _adopt_slurm_env() -> None:
         env["RANK"] = env["SLURM_PROCID"]
         env["WORLD_SIZE"] = env["SLURM_NTASKS"]
         env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
-        env.setdefault("MASTER_PORT", "29500")
+        env.setdefault("MASTER_PORT", str(slurm_port(env)))
+
+
+def slurm_port(env: Any) -> int:
+    """The rendezvous port of a SLURM job that set no MASTER_PORT: one per job id, from 29500 up
+    to below Linux's ephemeral ports (two jobs on one node both took 29500, and the second failed)."""
+    try:
+        return 29500 + int(env.get("SLURM_JOB_ID", "")) % 3000
+    except ValueError:
+        return 29500
 
 
 def local_ranks() -> int:
