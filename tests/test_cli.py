@@ -940,3 +940,57 @@ def test_a_last_line_cut_short_leaves_the_records_before_it_readable(command, tm
     broken.write_text(whole.splitlines()[1][:40] + "\n" + whole)
     assert main([command, *extra, str(broken)]) == 2
     assert "not JSON Lines" in capsys.readouterr().err
+
+
+def test_a_local_world_too_big_to_start_is_refused_before_the_sweep_is_sized(monkeypatch, capsys):
+    """The sweep's memory check made lists of one entry per rank first: 11 GB in 20 s for 10**11."""
+    from commbench.bench import cli, starter
+
+    monkeypatch.setattr(starter, "launched_externally", lambda: False)
+    monkeypatch.setattr(cli, "check_sweep_memory", lambda *a, **k: pytest.fail("sized the sweep first"))
+    for command in ("sweep", "train"):
+        assert main([command, "--world-size", "99999999999"]) == 2
+        err = capsys.readouterr().err
+        assert (
+            "99999999999 local ranks are more than the fork server can start" in err and err.count("\n") == 1
+        )
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"RANK": "5", "WORLD_SIZE": "2"}, "$RANK=5 from the launcher is not a rank of $WORLD_SIZE=2"),
+        ({"RANK": "-1", "WORLD_SIZE": "1"}, "$RANK=-1 from the launcher is not a rank of $WORLD_SIZE=1"),
+        ({"RANK": "abc", "WORLD_SIZE": "2"}, "$RANK='abc' from the launcher is not an integer"),
+        ({"RANK": "0", "WORLD_SIZE": "two"}, "$WORLD_SIZE='two' from the launcher is not an integer"),
+        (
+            {"RANK": "0", "WORLD_SIZE": "0"},
+            "$WORLD_SIZE=0 from the launcher: a world needs at least one rank",
+        ),
+        (
+            {"SLURM_PROCID": "3", "SLURM_NTASKS": "2", "MASTER_ADDR": "127.0.0.1"},
+            "$SLURM_PROCID=3 from the launcher is not a rank of $SLURM_NTASKS=2",
+        ),
+    ],
+)
+def test_a_launcher_s_rank_outside_its_world_is_one_line_and_exit_2(monkeypatch, capsys, env, message):
+    """RANK=5 of 2 failed inside gloo with a traceback, and its peers waited out the timeout."""
+    from commbench.bench import launch
+
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(launch, "run", lambda *a: pytest.fail("joined a group"))
+    assert main(["sweep", "-b", "1K", "-e", "1K"]) == 2
+    assert capsys.readouterr().err == f"commbench: error: {message}\n"
+
+
+def test_the_demo_under_a_launcher_is_refused(monkeypatch, capsys, tmp_path):
+    """Each torchrun rank started a demo of its own, and all wrote results/demo.jsonl at once."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["demo", "-q"]) == 2
+    assert "commbench demo starts its own two ranks" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()

@@ -222,21 +222,47 @@ def check_environment() -> None:
 
 
 def launch_spec(args: argparse.Namespace) -> Any:
-    from commbench.bench import launch
+    from commbench.bench import launch, starter
 
     check_environment()
 
     if launch.launched_externally():
-        world = launch.external_world_size()
+        world = external_rank_and_world()[1]
         if args.world_size is not None and args.world_size != world:
             raise ValueError(f"--world-size {args.world_size} disagrees with the launcher's world of {world}")
     else:
         world = 2 if args.world_size is None else args.world_size
+        if world > 1 and starter.start_method(world) != starter.START_METHOD:
+            launch._check_spawn_memory(world)  # before the checks that size a list by the world
     spec = launch.LaunchSpec(
         world_size=world, device=args.device, backend=args.backend, timeout_s=args.timeout
     )
     check_device(spec.device)
     return spec
+
+
+def external_rank_and_world() -> tuple[int, int]:
+    """(rank, world size) that torchrun (RANK, WORLD_SIZE) or SLURM (SLURM_PROCID, SLURM_NTASKS)
+    gave this process; ValueError naming the variable where one is not a rank of the world (a rank
+    out of range failed deep in gloo with a traceback, or waited out the timeout)."""
+    import os
+
+    env = os.environ
+    names = (
+        ("RANK", "WORLD_SIZE") if "RANK" in env and "WORLD_SIZE" in env else ("SLURM_PROCID", "SLURM_NTASKS")
+    )
+    values = []
+    for name in names:
+        try:
+            values.append(int(env[name]))
+        except (KeyError, ValueError):
+            raise ValueError(f"${name}={env.get(name, '')!r} from the launcher is not an integer") from None
+    rank, world = values
+    if world < 1:
+        raise ValueError(f"${names[1]}={world} from the launcher: a world needs at least one rank")
+    if not 0 <= rank < world:
+        raise ValueError(f"${names[0]}={rank} from the launcher is not a rank of ${names[1]}={world}")
+    return rank, world
 
 
 def check_device(device: str) -> None:
@@ -532,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
                 args.world_size = 1  # none, dp and vanilla-dp run in one process
             return train.cmd_train(config, launch_spec(args))
         if args.command == "demo":
+            if launch.launched_externally():  # every rank would start a demo of its own, into one file
+                raise ValueError(
+                    "commbench demo starts its own two ranks; run it without torchrun or srun (under "
+                    "them, run commbench sweep)"
+                )
             try:
                 Path("results").mkdir(exist_ok=True)
             except OSError as exc:
@@ -558,7 +589,6 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 + (["-q"] if args.quiet else [])
             )
-            os.environ.pop("RANK", None)  # the demo always starts its own two ranks
             code = cmd_sweep(sweep_config(demo), launch_spec(demo), demo.plot)
             if not args.quiet:
                 print("\nrecords: results/demo.jsonl   plot: results/demo.png")
