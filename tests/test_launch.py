@@ -629,8 +629,9 @@ def test_a_slurm_job_without_master_port_gets_a_port_of_its_own(monkeypatch):
     assert launch.slurm_port({"SLURM_JOB_ID": "124"}) == 29624
     assert launch.slurm_port({}) == launch.slurm_port({"SLURM_JOB_ID": "x"}) == 29500
     assert all(29500 <= launch.slurm_port({"SLURM_JOB_ID": str(j)}) < 32768 for j in range(0, 10**6, 997))
-    for name in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
+    for name in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK"):  # what the call sets, put back after
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     for name, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "77"}.items():
         monkeypatch.setenv(name, value)
     launch._adopt_slurm_env()
