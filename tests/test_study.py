@@ -214,6 +214,22 @@ def test_a_cluster_that_could_not_be_built_runs_on_local_ranks_beside_what_it_wr
     )
 
 
+def test_records_an_earlier_start_left_are_not_taken_for_a_failed_cluster_s(tmp_path, monkeypatch):
+    monkeypatch.setattr(study, "cluster_available", lambda: None)
+    config = study.StudyConfig(name="001_sync_strategies", out_dir=str(tmp_path / "st"), quiet=True)
+    _, execute = _writing({2: 130})
+    (done,) = study.run_study(config, execute=execute).outcomes  # start 1: the cluster ran it
+    started: list[list[str]] = []
+
+    def execute(argv: list[str]) -> int:
+        started.append(argv)
+        return cluster.NOT_BUILT if argv[0] == "cluster" else 130
+
+    assert study.run_study(config, execute=execute).stopped == 130
+    assert [a[0] for a in started] == ["cluster", "compare"]
+    assert list(Path(done.planned.json_path).parent.glob("*.cluster-failed.jsonl")) == []
+
+
 def test_a_cluster_run_that_failed_is_a_failure_not_a_local_rerun(tmp_path, monkeypatch):
     """A rank that died on the cluster (or ended in SIGABRT after its work) was re-run on local
     ranks, whose loopback figures then stood in the cluster's group, and the study exited 0."""
@@ -356,6 +372,55 @@ def test_study_resume_on_the_command_line_says_what_it_kept(tmp_path, monkeypatc
         "02-backbone.jsonl",
         "03-backbone.jsonl",
     ]
+
+
+def test_a_resumed_start_that_is_stopped_again_keeps_what_the_first_finished(tmp_path):
+    """progress.jsonl was written anew by each start, and a kept run only as the loop reached it:
+    stopped at its second run, a resumed start left one line of ten, and the next re-ran nine."""
+    config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
+    _, execute = _writing({2: 1})
+    first = study.run_study(config, execute=execute)
+    total = len(first.planned)
+    assert [o.returncode for o in first.outcomes] == [0, 1] + [0] * (total - 2)
+    resume = dataclasses.replace(config, resume=True)
+    _, execute = _writing({1: 130})  # run 2, run again, is stopped
+    second = study.run_study(resume, execute=execute)
+    assert second.stopped == 130 and len(second.outcomes) == total - 1
+    assert f"with {total - 1} of {total} runs done" in second.report.read_text()
+    started, execute = _writing({})
+    study.run_study(resume, execute=execute)
+    assert [Path(a[a.index("--json") + 1]).name for a in started] == [Path(first.planned[1].json_path).name]
+
+
+def test_resume_keeps_the_runs_of_a_directory_however_it_is_spelled(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _, execute = _writing({3: 130})
+    study.run_study(study.StudyConfig(name="000_backbones", out_dir="st", quiet=True), execute=execute)
+    started, execute = _writing({1: 130})
+    again = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True, resume=True)
+    result = study.run_study(again, execute=execute)
+    assert [o.planned.index for o in result.outcomes] == [1, 2] and len(started) == 1
+
+
+def test_a_resumed_study_with_nothing_left_to_run_stops_cleanly_while_it_reports(tmp_path, monkeypatch):
+    """With every run kept no run's handlers were ever set: a SIGTERM while the report was
+    written killed the study outright, and a Ctrl-C gave a traceback."""
+    config = study.StudyConfig(
+        name="004_batch_scaling", scale="tiny", out_dir=str(tmp_path / "st"), quiet=True
+    )
+    _, execute = _writing({})
+    assert study.run_study(config, execute=execute).stopped is None
+    write = study.write_study_report
+
+    def stopped_while_writing(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(study, "write_study_report", stopped_while_writing)
+    started, execute = _writing({})
+    result = study.run_study(dataclasses.replace(config, resume=True), execute=execute)
+    assert started == [] and result.stopped == 128 + signal.SIGTERM and result.report is None
+    assert [o.resumed for o in result.outcomes] == [True]
 
 
 def test_resume_without_an_earlier_start_runs_everything(tmp_path):

@@ -473,28 +473,33 @@ def run_study(
 
     def keep(o: Outcome) -> None:
         outcomes.append(o)
-        progress.write(json.dumps(_progress_line(o)) + "\n")
+        progress.write(json.dumps(_progress_line(o, out)) + "\n")
         progress.flush()
 
     with progress, _signals_interrupt() as arm:
+        for o in done.values():  # first: a resumed start that is stopped again still holds them
+            progress.write(json.dumps(_progress_line(o, out)) + "\n")
+        progress.flush()
         try:
             for p in planned:
                 if p.index in done:
                     if on_kept is not None:
                         on_kept(p, len(planned))
-                    keep(done[p.index])
+                    outcomes.append(done[p.index])
                     continue
                 if on_run is not None:
                     on_run(p, len(planned))
                 argv = list(p.argv) + (["-q"] if config.quiet else [])  # a cluster's: its command's, last
                 note = p.note if not why_not else f"local ranks: {why_not}"
                 start = time.perf_counter()
+                earlier = _stamp(Path(p.json_path))
                 code, error = _run_one(arm, execute, argv)
                 if code == NOT_BUILT and p.local_argv is not None:  # nothing ran: local ranks instead
                     note = "local ranks: the emulated cluster could not be built" + (
                         f" ({error})" if error else ""
                     )
-                    note += _set_aside(Path(p.json_path))
+                    if _stamp(Path(p.json_path)) != earlier:  # not an earlier start's, which the run replaces
+                        note += _set_aside(Path(p.json_path))
                     argv = list(p.local_argv) + (["-q"] if config.quiet else [])
                     code, error = _run_one(arm, execute, argv)
                 seconds = time.perf_counter() - start
@@ -508,6 +513,9 @@ def run_study(
                 )
         except Interrupted as exc:  # between runs, or in a run whose CLI let it through
             stopped = 128 + exc.signum
+        ran = {o.planned.index for o in outcomes}
+        outcomes += [o for i, o in done.items() if i not in ran]  # kept, though the loop stopped first
+        outcomes.sort(key=lambda o: o.planned.index)
         try:
             md, _ = write_study_report(study, config.scale, outcomes, out, planned=planned, stopped=stopped)
         except Interrupted as exc:  # a signal while the report was written: the records stay
@@ -529,10 +537,19 @@ def _set_aside(records: Path) -> str:
     return f"; its records are in runs/{aside.name}"
 
 
-def _progress_line(o: Outcome) -> dict[str, Any]:
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """(modification time, size) of ``path``, None where it is not there."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def _progress_line(o: Outcome, out: Path) -> dict[str, Any]:
     return {
         "index": o.planned.index,
-        "planned": list(o.planned.argv),
+        "planned": _shown(o.planned.argv, out),  # however -o spelled the directory
         "argv": list(o.argv),
         "returncode": o.returncode,
         "seconds": o.seconds,
@@ -557,7 +574,7 @@ def _finished(out: Path, planned: Sequence[Planned]) -> dict[int, Outcome]:
         try:
             entry = json.loads(line)
             p = by_index[entry["index"]]
-            if entry["planned"] != list(p.argv) or entry["returncode"] != 0:
+            if entry["planned"] != _shown(p.argv, out) or entry["returncode"] != 0:
                 continue
             rp.load_run(p.json_path)
             done[p.index] = Outcome(
@@ -653,6 +670,7 @@ def _signals_interrupt() -> Iterator[Callable[[Callable[[list[str]], int], list[
         finally:
             install()
 
+    install()  # a resumed study with nothing left to run calls arm never, and writes its report here
     try:
         yield arm
     finally:
