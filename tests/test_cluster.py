@@ -89,7 +89,12 @@ def test_shaping_qdiscs_and_validation():
     with pytest.raises(ValueError, match=r"whole frame of the MTU \(9014 bytes or more\), got 9013"):
         Shaping(burst_bytes=9013, mtu=9000)
     # tc takes 32 bits of bucket, and 2**32 ticks of 64 ns of it at the rate, shrinking a longer one
-    assert Shaping(rate_bit=10**17).burst == (1 << 32) - 1  # 8 ms of the rate would be 10**11
+    # and the queue as 32 bits of bytes (the rate over the queue's time, and the bucket): tc showed
+    # 10 Gbit/s with a 10 s queue as 3.13 s
+    assert Shaping(rate_bit=10**10, queue_ms=3000).qdisc_args()[0][-2:] == ["latency", "3000000us"]
+    for rate, queue in ((10**10, 10_000), (10**17, 0.001)):  # 8 ms of 10**17 bit/s is 10**11 bytes
+        with pytest.raises(ValueError, match="more than tc's 4294967295; give a shorter --queue"):
+            Shaping(rate_bit=rate, queue_ms=queue)
     with pytest.raises(ValueError, match="at most 4294967295 bytes"):
         Shaping(burst_bytes=1 << 32)
     with pytest.raises(ValueError, match=r"at most 274 s of the rate \(274000 bytes at 8000 bit/s\)"):
@@ -258,6 +263,27 @@ def test_a_stop_signal_outside_the_hosts_run_unwinds_and_keeps_the_record(
         assert [h["tx_bytes"] for h in record["hosts"]] == [1000, 2000]
     else:
         assert not out.exists()
+
+
+def test_a_second_stop_signal_does_not_cut_the_removal_of_the_scratch_directory(tmp_path, monkeypatch):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    monkeypatch.setattr(netns, "check_privileges", lambda: None)
+
+    def run_hosts(config, argv, work):
+        os.kill(os.getpid(), signal.SIGINT)
+
+    rmtree = shutil.rmtree
+
+    def impatient_rmtree(*args, **kwargs):  # Ctrl-C pressed again as the directory goes
+        os.kill(os.getpid(), signal.SIGINT)
+        return rmtree(*args, **kwargs)
+
+    monkeypatch.setattr(cluster, "run_hosts", run_hosts)
+    monkeypatch.setattr(shutil, "rmtree", impatient_rmtree)
+    assert cli.main(["cluster", "--hosts", "2", "--", "sweep", "-b", "1K", "-e", "1K", "-q"]) == 130
+    assert list(scratch.iterdir()) == []
 
 
 def test_failure_text_and_first_failure():

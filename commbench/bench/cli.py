@@ -560,8 +560,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             if launch.launched_externally():  # every rank would start a demo of its own, into one file
                 raise ValueError(
-                    "commbench demo starts its own two ranks; run it without torchrun or srun (under "
-                    "them, run commbench sweep)"
+                    "commbench demo starts its own two ranks, but RANK and WORLD_SIZE (or SLURM's "
+                    "variables) are set, as torchrun and srun set them: unset them, or run commbench "
+                    "sweep under the launcher"
                 )
             try:
                 Path("results").mkdir(exist_ok=True)

@@ -170,6 +170,8 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
     (privileges or netns.check_privileges)()
 
     def on_signal(signum: int, frame: Any) -> None:
+        for s in signals.STOPS:  # one is enough; a second must not cut the removal of the directory
+            signal.signal(s, signal.SIG_IGN)
         raise Interrupted(signum)
 
     # From the scratch directory on, a stop signal unwinds (run_hosts has handlers of its own

@@ -114,6 +114,12 @@ class Shaping:
                 )
         if not 0.001 <= self.queue_ms <= 10_000:
             raise ValueError(f"queue must be from 1us to 10000 ms, got {self.queue_ms} ms")
+        limit = self.rate_bit / 8 * self.queue_ms / 1e3 + self.burst  # what tc makes of it, in bytes
+        if limit > MAX_BURST:  # tc would shorten the queue without a word
+            raise ValueError(
+                f"queue {self.queue_ms:g} ms at {self.rate_bit} bit/s, with the burst, comes to {limit:.0f} "
+                f"bytes of queue, more than tc's {MAX_BURST}; give a shorter --queue"
+            )
         for name in ("delay_us", "jitter_us", "loss_percent"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
