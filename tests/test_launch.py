@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -427,6 +430,85 @@ def test_a_stop_sent_to_the_whole_group_ends_the_launcher_after_its_ranks(tmp_pa
     err = err_path.read_text()
     assert err.strip() == f"interrupted {int(sig)}", err[-2000:]
     assert left == ["rank0.left", "rank1.left"]
+
+
+ORPHANED = """
+import sys, time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from commbench.bench import launch
+
+
+def work(here, finish):
+    here = Path(here)
+    rank = dist.get_rank()
+    (here / f"rank{rank}.ready").write_text("")
+    try:
+        while not (finish and (here / "go").exists()):
+            time.sleep(0.02)  # in Python, so the rank's stop handler runs here
+    except SystemExit:
+        (here / f"rank{rank}.left").write_text("")  # what a sweep's rank 0 saves its records in
+        raise
+    (here / f"rank{rank}.returned").write_text("")
+
+
+if __name__ == "__main__":
+    launch.run(work, (sys.argv[1], sys.argv[2] == "finish"), launch.LaunchSpec(world_size=2, timeout_s=60))
+"""
+
+
+@pytest.mark.parametrize("finish", [False, True], ids=["working", "waiting-to-be-read"])
+def test_ranks_of_a_launcher_killed_outright_leave_and_take_everything_with_them(tmp_path, finish):
+    """A launcher killed with SIGKILL stops nothing: its ranks ran on, then waited for ever for it
+    to read their results (in a semaphore's wait), its fork server stayed with them, and its
+    scratch and multiprocessing directories stayed behind. Each rank now leaves through its stop
+    handler once the launcher has ended, and the server, last to leave, removes what the launcher
+    left."""
+    script, here = tmp_path / "orphaned.py", tmp_path / "here"
+    script.write_text(ORPHANED)
+    here.mkdir()
+    # Short: the fork server's socket goes in it, and a socket's path holds at most 107 bytes.
+    scratch = Path(tempfile.mkdtemp(prefix="cb-", dir="/tmp"))
+    env = {**_with_project_path(), "TMPDIR": str(scratch)}
+    with (tmp_path / "stderr").open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(here), "finish" if finish else "work"],
+            cwd=tmp_path,
+            env=env,
+            stderr=err,
+            start_new_session=True,
+        )
+    mark = "returned" if finish else "ready"
+    try:
+        _wait_for_files(proc, here, "ready")
+        launcher = psutil.Process(proc.pid)
+        started = launcher.children(recursive=True)  # the fork server, its ranks, the resource tracker
+        if finish:
+            launcher.suspend()  # it reads no result from now on
+            (here / "go").write_text("")
+            _wait_for_files(proc, here, mark)
+        proc.kill()
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(started, timeout=120)
+        assert alive == [], (alive, (tmp_path / "stderr").read_text()[-2000:])
+        left = sorted(p.name for p in scratch.iterdir())
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert sorted(p.name for p in here.glob("*.left")) == ([] if finish else ["rank0.left", "rank1.left"])
+    assert left == []
+
+
+def _wait_for_files(proc: subprocess.Popen, here: Path, mark: str) -> None:
+    """Wait until both ranks have written ``rank<r>.<mark>`` in ``here``."""
+    wanted = [here / f"rank{r}.{mark}" for r in range(2)]
+    deadline = time.monotonic() + 120
+    while not all(p.exists() for p in wanted) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(p.exists() for p in wanted), f"the ranks never wrote {mark}"
 
 
 STOPPED_BEFORE_THE_AGENT = """

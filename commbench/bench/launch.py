@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,6 +38,7 @@ MIN_TIMEOUT_S = 1.0  # the rendezvous takes whole seconds; below one it has no t
 MAX_TIMEOUT_S = 1e7  # 116 days; far larger overflows the launcher's deadline arithmetic
 FAILED_RANK_LINGER_S = 1.0  # see _rank_main
 SCRATCH_REMOVAL_S = 5.0  # see _scratch_dir
+ORPHAN_GRACE_S = 30.0  # see _stop_when_gone; the agent's own grace before it kills a rank
 _stopping = False  # this rank is being stopped by a signal
 
 
@@ -131,11 +134,17 @@ def writes_outputs() -> bool:
 
 
 def _rank_main(
-    fn: Callable[..., Any], args: tuple, spec: LaunchSpec, error_dir: str | None, env: Any = None
+    fn: Callable[..., Any],
+    args: tuple,
+    spec: LaunchSpec,
+    error_dir: str | None,
+    env: Any = None,
+    launcher: int | None = None,
 ) -> Any:
     """Body of every rank: join the group, run ``fn``, leave; record a one-line error on failure.
 
-    ``env`` is the launcher's environment change for a rank forked from the fork server."""
+    ``env`` is the launcher's environment change for a rank forked from the fork server;
+    ``launcher`` the pid of the launcher, whose end stops the rank (:func:`_stop_when_gone`)."""
     if error_dir is not None:
         starter.take_environment(env)
         starter.name_rank(os.environ.get("RANK", "?"))
@@ -144,6 +153,8 @@ def _rank_main(
         for signum in signals.STOPS:
             signal.signal(signum, signal.SIG_DFL)
         unblock_stop()
+        if launcher is not None:
+            _stop_when_gone(launcher)
     try:
         torch.set_num_threads(_threads())
         device = torch.device(spec.device)
@@ -192,6 +203,50 @@ def unblock_stop() -> None:
     """Let this rank receive the stop signals that its fork server held blocked for it; one that
     reached it while blocked (a Ctrl-C the moment it was forked) acts now."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(signals.STOPS))
+
+
+def _stop_when_gone(launcher: int) -> None:
+    """Stop this rank as a SIGTERM from its launcher would, once the process ``launcher`` has ended.
+
+    A launcher killed outright (SIGKILL, the out-of-memory killer) stops nothing: its ranks ran
+    the sweep to its end and then waited for ever for it to read their results. A thread waits
+    for the launcher's end, then sends the main thread SIGTERM: the rank's handler saves what it
+    finished and leaves, as when the launcher stops it; one still there after
+    :data:`ORPHAN_GRACE_S` (in a C++ wait) is killed, as the agent would have done. The rank keeps
+    the fork server's "alive" pipe, which every child of the server inherits, open to its end:
+    the server then ends after its last rank, as it must (commbench.bench.rankgate), and removes
+    what the launcher left (:func:`commbench.bench.starter.remove_what_the_launcher_left`)."""
+    threading.Thread(target=_watch_launcher, args=(launcher,), name="commbench-launcher", daemon=True).start()
+
+
+def _watch_launcher(launcher: int) -> None:
+    _wait_for_end(launcher)
+    # To the main thread: a signal that another thread takes acts at the main thread's next Python
+    # instruction, and it may be waiting in a semaphore (the agent's queue) for ever.
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+    time.sleep(ORPHAN_GRACE_S)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _wait_for_end(pid: int) -> None:
+    """Return once the process ``pid`` has ended (a zombie counts as ended)."""
+    try:
+        watched = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):  # no pidfd here (not Linux, or before 5.3): ask every second
+        with contextlib.suppress(ProcessLookupError):
+            while True:
+                os.kill(pid, 0)
+                time.sleep(1.0)
+        return
+    try:
+        poll = select.poll()
+        poll.register(watched, select.POLLIN)
+        while not poll.poll():
+            pass
+    finally:
+        os.close(watched)
 
 
 def _threads() -> int:
@@ -286,49 +341,53 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
         if name.startswith(quiet):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     method = starter.start_method(spec.world_size)
-    if method != starter.START_METHOD:
+    forked = method == starter.START_METHOD
+    if not forked:
         _check_spawn_memory(spec.world_size)
-    with _scratch_dir() as error_dir:
-        config = LaunchConfig(
-            min_nodes=1,
-            max_nodes=1,
-            nproc_per_node=spec.world_size,
-            run_id=f"commbench-{uuid.uuid4().hex[:8]}",
-            rdzv_backend="c10d",
-            rdzv_endpoint="127.0.0.1:0",
-            rdzv_configs={"timeout": int(spec.timeout_s)},
-            max_restarts=0,
-            monitor_interval=0.1,
-            start_method=method,
-            local_addr="127.0.0.1",
-            # The agent's per-rank directories, in ours: by default it left an empty tree in the
-            # system's temporary directory at every launch.
-            logs_specs=DefaultLogsSpecs(log_dir=os.path.join(error_dir, "agent")),
-        )
-        forked = method == starter.START_METHOD
-        lost: list[int] = []  # stops whose exception a finaliser dropped
-        try:
-            with _stops_raise(SignalException):
-                if forked:
-                    starter.ready(spec.timeout_s)
+    lost: list[int] = []  # stops whose exception a finaliser dropped
+    try:
+        with _stops_raise(SignalException):
+            if forked:  # first: the scratch directory goes beside the server's socket
+                starter.ready(spec.timeout_s)
+            with _scratch_dir(starter.scratch_place() if forked else None) as error_dir:
+                config = LaunchConfig(
+                    min_nodes=1,
+                    max_nodes=1,
+                    nproc_per_node=spec.world_size,
+                    run_id=f"commbench-{uuid.uuid4().hex[:8]}",
+                    rdzv_backend="c10d",
+                    rdzv_endpoint="127.0.0.1:0",
+                    rdzv_configs={"timeout": int(spec.timeout_s)},
+                    max_restarts=0,
+                    monitor_interval=0.1,
+                    start_method=method,
+                    local_addr="127.0.0.1",
+                    # The agent's per-rank directories, in ours: by default it left an empty tree in
+                    # the system's temporary directory at every launch.
+                    logs_specs=DefaultLogsSpecs(log_dir=os.path.join(error_dir, "agent")),
+                )
                 change = starter.environment_change() if forked else None  # a spawned rank has ours
-                with _stops_in_finalisers(SignalException, lost):
-                    results = elastic_launch(config, _rank_main)(fn, args, spec, error_dir, change)
-        except ChildFailedError as exc:
-            if lost:  # the ranks were ended by that stop
-                raise Interrupted(lost[0]) from None
-            failure = _first_failure(exc, error_dir)
-            if forked and starter.server_gone():
-                gone = "the fork server that started the ranks had ended"
-                failure = RankFailed(failure.rank, f"{failure.detail} ({gone})")
-            raise failure from None
-        except SignalException as exc:  # the agent has stopped the ranks before raising this
-            raise Interrupted(int(exc.sigval)) from None
-        except KeyboardInterrupt:
-            raise Interrupted(signal.SIGINT) from None
-        if lost:
-            raise Interrupted(lost[0])
-        return results
+                try:
+                    with _stops_in_finalisers(SignalException, lost):
+                        launcher = os.getpid()
+                        results = elastic_launch(config, _rank_main)(
+                            fn, args, spec, error_dir, change, launcher
+                        )
+                except ChildFailedError as exc:
+                    if lost:  # the ranks were ended by that stop
+                        raise Interrupted(lost[0]) from None
+                    failure = _first_failure(exc, error_dir)
+                    if forked and starter.server_gone():
+                        gone = "the fork server that started the ranks had ended"
+                        failure = RankFailed(failure.rank, f"{failure.detail} ({gone})")
+                    raise failure from None
+    except SignalException as exc:  # the agent has stopped the ranks before raising this
+        raise Interrupted(int(exc.sigval)) from None
+    except KeyboardInterrupt:
+        raise Interrupted(signal.SIGINT) from None
+    if lost:
+        raise Interrupted(lost[0])
+    return results
 
 
 def _stops_raise(raised: Callable[[str, signal.Signals], BaseException]) -> contextlib.AbstractContextManager:
@@ -380,16 +439,21 @@ def _stops_in_finalisers(raised: type[BaseException], lost: list[int]) -> Iterat
 
 
 @contextlib.contextmanager
-def _scratch_dir() -> Iterator[str]:
+def _scratch_dir(place: tuple[str, str] | None = None) -> Iterator[str]:
     """A temporary directory for the ranks' error records and the agent's logs, removed on the way
-    out. Once, in a run stopped by a closed terminal during `make test`, a rank wrote its record
-    into it while it was being removed: the removal failed with "Directory not empty", and that
+    out: in the system's temporary directory, or in ``place`` (directory, name prefix), where the
+    fork server finds it if the launcher is killed before it can remove it
+    (:func:`commbench.bench.starter.scratch_place`).
+
+    Once, in a run stopped by a closed terminal during `make test`, a rank wrote its record into
+    it while it was being removed: the removal failed with "Directory not empty", and that
     replaced the run's "interrupted". The cause was the fork server ending on the terminal's
     SIGHUP, so that the launcher stopped waiting for its ranks (commbench.bench.rankgate has the
     fix). As a safeguard, removal is still tried again for up to :data:`SCRATCH_REMOVAL_S`, and a
     tree that cannot be removed is left rather than reported as the run's failure: a leftover
     directory costs less than a lost "interrupted" or result."""
-    path = tempfile.mkdtemp(prefix="commbench-")
+    folder, prefix = place or (None, "commbench-")
+    path = tempfile.mkdtemp(prefix=prefix, dir=folder)
     try:
         yield path
     finally:

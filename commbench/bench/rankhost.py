@@ -12,15 +12,20 @@ SIGTERM blocked as well as Ctrl-C, so that it outlives its ranks (commbench.benc
 
 A rank forked at the moment of a stop may find its launcher gone before it has read its start-up
 data; the error that follows is not printed (:func:`commbench.bench.starter.quiet_if_launcher_gone`).
+The server is the last of a launch to end (after its launcher and their ranks), so it removes
+what a launcher killed outright left behind as it ends
+(:func:`commbench.bench.starter.remove_what_the_launcher_left`).
 """
 
 from __future__ import annotations
 
+import atexit
 import signal
 import sys
 
 from commbench.bench import starter
 
 sys.excepthook = starter.quiet_if_launcher_gone
+atexit.register(starter.remove_what_the_launcher_left)
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 signal.signal(signal.SIGHUP, signal.SIG_DFL)

@@ -27,13 +27,15 @@ What a rank inherits from the server, and how it differs from a spawned rank:
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
 from collections.abc import Iterator
-from multiprocessing import forkserver
+from multiprocessing import forkserver, util
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +181,38 @@ def _probe(failed: list[BaseException]) -> None:
 
 def _nothing() -> None:
     pass
+
+
+def scratch_place() -> tuple[str, str] | None:
+    """(directory, name prefix) for the scratch directory of a launch whose ranks this process's
+    fork server forks: beside the server's socket (in this process's multiprocessing directory)
+    and named after it, so that the server can find it (:func:`remove_what_the_launcher_left`).
+    None where no server runs, or its socket has no path."""
+    address = forkserver._forkserver._forkserver_address
+    if not isinstance(address, str) or util.is_abstract_socket_namespace(address):
+        return None
+    return os.path.dirname(address), os.path.basename(address) + "-commbench-"
+
+
+def remove_what_the_launcher_left() -> None:
+    """In the fork server, as it ends (registered by :mod:`commbench.bench.rankhost`): remove the
+    scratch directories of the launches it served, its socket, and the launcher's multiprocessing
+    directory once that is empty.
+
+    The server ends when its launcher and every rank it forked have closed its "alive" pipe, all
+    by ending, so nothing uses them any more. A launcher that ended as usual removed them itself;
+    one killed outright (SIGKILL) left them, and nothing else would remove them."""
+    if _server_pid() is not None:  # a process that started a server, not a server
+        return
+    place = scratch_place()
+    if place is None:
+        return
+    folder, prefix = place
+    for path in glob.glob(os.path.join(glob.escape(folder), glob.escape(prefix) + "*")):
+        shutil.rmtree(path, ignore_errors=True)
+    for remove, path in ((os.unlink, forkserver._forkserver._forkserver_address), (os.rmdir, folder)):
+        with contextlib.suppress(OSError):
+            remove(path)
 
 
 def server_gone() -> bool:
