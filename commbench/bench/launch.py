@@ -39,6 +39,9 @@ MAX_TIMEOUT_S = 1e7  # 116 days; far larger overflows the launcher's deadline ar
 FAILED_RANK_LINGER_S = 1.0  # see _rank_main
 SCRATCH_REMOVAL_S = 5.0  # see _scratch_dir
 ORPHAN_GRACE_S = 30.0  # see _stop_when_gone; the agent's own grace before it kills a rank
+# The signals that torch's elastic agent takes over when it starts the ranks, by default
+# (LaunchConfig.signals_to_handle, the TORCHELASTIC_SIGNALS_TO_HANDLE variable; older torch: these four).
+AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 _stopping = False  # this rank is being stopped by a signal
 
 
@@ -392,8 +395,9 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
 
 def _stops_raise(raised: Callable[[str, signal.Signals], BaseException]) -> contextlib.AbstractContextManager:
     """From the start of a launch, SIGTERM and SIGHUP raise ``raised`` (msg, signal), as the agent's
-    own handler does once it starts the ranks; the handlers of all three stop signals from before
-    the launch come back after it.
+    own handler does once it starts the ranks; the handlers from before the launch of every signal
+    the agent takes over come back after it (SIGQUIT too: the agent's stayed, and a SIGQUIT after
+    a launch raised its exception where nothing catches it, in place of its default action).
 
     Before the agent's handler, those two took their default action: a SIGTERM while the fork
     server started or the rendezvous was made ended this process at once (2 of 8 SIGTERMs sent
@@ -406,7 +410,18 @@ def _stops_raise(raised: Callable[[str, signal.Signals], BaseException]) -> cont
         sig = signal.Signals(signum)
         raise raised(f"commbench launcher got {sig.name}", sig)
 
-    return signals.handled((signal.SIGTERM, signal.SIGHUP), stop, also_restore=(signal.SIGINT,))
+    return signals.handled((signal.SIGTERM, signal.SIGHUP), stop, also_restore=_agent_signals())
+
+
+def _agent_signals() -> tuple[int, ...]:
+    """Every signal the elastic agent may set its handler for: torch's default list, the one its
+    LaunchConfig names and the one the environment names."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    lists = (AGENT_SIGNALS, getattr(LaunchConfig, "signals_to_handle", ""))
+    names = ",".join((*lists, os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", ""))).split(",")
+    found = {getattr(signal, name.strip(), None) for name in names}
+    return tuple(sorted(s for s in found if isinstance(s, signal.Signals)))
 
 
 @contextlib.contextmanager
