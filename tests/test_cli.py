@@ -724,6 +724,44 @@ def test_ctrl_c_that_the_launcher_takes_in_a_finaliser_is_not_lost(tmp_path):
     assert json.loads(path.read_text().splitlines()[0])["type"] == "header"
 
 
+HELD_CTRL_C = """
+import os, signal, subprocess, sys
+from commbench.bench import cli, starter
+
+ready = starter.ready
+
+def ready_then_stop(timeout_s):
+    ready(timeout_s)
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C once the fork server is up
+
+if __name__ == "__main__":
+    starter.ready = ready_then_stop
+    argv = ["sweep", "--world-size", "2", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "-q", "--no-probe"]
+    code = cli.main(argv)
+    # Ctrl-C held down from here until this process has gone: its exit handlers, then the
+    # interpreter's and torch's teardown (about a second).
+    loop = "while kill -INT $0 2>/dev/null; do sleep 0.01; done"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}  # the test reads ours to the end
+    subprocess.Popen(["sh", "-c", loop, str(os.getpid())], **quiet)
+    sys.exit(code)
+"""
+
+
+def test_ctrl_c_after_the_first_lets_an_interrupted_run_exit_as_interrupted(tmp_path):
+    """Once a run is interrupted, further Ctrl-C do nothing: one landing in an exit handler printed
+    "Exception ignored in atexit callback ... KeyboardInterrupt" (and left multiprocessing's
+    pymp-* directory), and one landing in the interpreter's teardown, where Python has put the
+    default action back in place of its handlers, ended the process killed by SIGINT instead of
+    with exit code 130."""
+    script = tmp_path / "held.py"
+    script.write_text(HELD_CTRL_C)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert (done.returncode, done.stderr) == (130, "commbench: interrupted\n"), done.stderr[-2000:]
+
+
 def _cmdline(proc: psutil.Process) -> list[str]:
     try:
         return proc.cmdline()

@@ -370,7 +370,7 @@ import torch.distributed as dist
 
 from commbench.bench import launch
 
-LEAVE_S = 1.5
+LEAVE_S = float(sys.argv[2]) if len(sys.argv) > 2 else 1.5
 
 
 def stay():
@@ -381,6 +381,7 @@ def stay():
         while True:
             time.sleep(0.02)  # in Python, so the rank's stop handler runs here
     except SystemExit:
+        (here / f"rank{rank}.stopping").write_text("")
         time.sleep(LEAVE_S)  # a rank that takes a while to leave (flushing what it finished)
         (here / f"rank{rank}.left").write_text("")
         raise
@@ -430,6 +431,46 @@ def test_a_stop_sent_to_the_whole_group_ends_the_launcher_after_its_ranks(tmp_pa
     err = err_path.read_text()
     assert err.strip() == f"interrupted {int(sig)}", err[-2000:]
     assert left == ["rank0.left", "rank1.left"]
+
+
+def test_stops_after_the_first_do_not_cut_the_launchers_stopping_short(tmp_path):
+    """The first stop makes the launcher stop its ranks (the agent waits for them) and remove its
+    scratch directory; a second Ctrl-C or SIGTERM raised the agent's exception again in the
+    middle of that. The launcher now lets stops after the first do nothing, and waits for its
+    ranks as after one."""
+    script, here = tmp_path / "slow_to_leave.py", tmp_path / "here"
+    script.write_text(SLOW_TO_LEAVE)
+    here.mkdir()
+    scratch = Path(tempfile.mkdtemp(prefix="cb-", dir="/tmp"))  # short: the server's socket goes in it
+    env = {**_with_project_path(), "TMPDIR": str(scratch)}
+    err_path = tmp_path / "stderr"
+    with err_path.open("w") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(here), "5"],
+            cwd=tmp_path,
+            env=env,
+            stderr=err_file,
+            start_new_session=True,
+        )
+    try:
+        _wait_for_files(proc, here, "ready")
+        started = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)  # to the launcher alone: the agent stops the ranks
+        _wait_for_files(proc, here, "stopping")  # the ranks take 5 s to leave, and the agent waits
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            proc.send_signal(sig)
+        proc.wait(timeout=120)
+        left = sorted(p.name for p in here.glob("rank*.left"))  # read the moment the launcher is gone
+        _, alive = psutil.wait_procs(started, timeout=120)
+        kept = sorted(p.name for p in scratch.iterdir())
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(scratch, ignore_errors=True)
+    err = err_path.read_text()
+    assert (proc.returncode, err) == (0, f"interrupted {int(signal.SIGTERM)}\n"), err[-2000:]
+    assert left == ["rank0.left", "rank1.left"]
+    assert (alive, kept) == ([], [])
 
 
 ORPHANED = """
@@ -698,12 +739,14 @@ def test_a_stop_dropped_by_a_finaliser_is_kept_and_other_dropped_errors_still_re
     reported: list[BaseException] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_value))
     lost: list[int] = []
-    with launch._stops_in_finalisers(Stop, lost):
+    rearmed: list[int] = []  # the lost stop made the others do nothing: undone
+    with launch._stops_in_finalisers(Stop, lost, lambda: rearmed.append(len(lost))):
         Raises(Stop())
         Raises(KeyboardInterrupt())
         Raises(ValueError("not a stop"))
     Raises(Stop())  # once the launch is over, Python's own handling is back
     assert lost == [signal.SIGTERM, signal.SIGINT]
+    assert rearmed == [1, 2]
     assert [type(e) for e in reported] == [ValueError, Stop]
 
 

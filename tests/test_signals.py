@@ -68,3 +68,21 @@ def test_off_the_main_thread_nothing_changes():
     t.start()
     t.join()
     assert seen == [before]
+
+
+def test_further_signals_do_nothing_and_what_was_replaced_is_returned():
+    """A stopping process lets later stops do nothing (a Python no-op, or SIG_IGN for one about to
+    exit, where Python puts the default action back); one inherited as ignored stays ignored."""
+    usr1, usr2 = signal.getsignal(signal.SIGUSR1), signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        replaced = signals.ignore_further((signal.SIGUSR1, signal.SIGUSR2))
+        assert replaced == {signal.SIGUSR1: usr1}
+        assert callable(signal.getsignal(signal.SIGUSR1))
+        os.kill(os.getpid(), signal.SIGUSR1)  # its default action would end this process
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+        assert signals.ignore_further((signal.SIGUSR1,)) == {}  # done already
+        signals.ignore_further((signal.SIGUSR1,), exiting=True)
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGUSR1, usr1)
+        signal.signal(signal.SIGUSR2, usr2)

@@ -518,12 +518,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _start_rank_server(argv)
         launch = _import_launch()
-    except _SignalWhileLoading as exc:
+    except (_SignalWhileLoading, KeyboardInterrupt) as exc:  # KeyboardInterrupt: while the rank server starts
+        from commbench.bench import signals
+
+        signals.ignore_further(exiting=True)
         print("commbench: interrupted", file=sys.stderr)
-        return 128 + exc.signum
-    except KeyboardInterrupt:  # a Ctrl-C while the rank server starts
-        print("commbench: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
+        return 128 + getattr(exc, "signum", signal.SIGINT)
     Interrupted, RankFailed = launch.Interrupted, launch.RankFailed
     NotStarted = launch.starter.ServerNotReady
 
@@ -608,6 +608,9 @@ def main(argv: list[str] | None = None) -> int:
         bad_input = str(exc).split(": ", 1)[-1].startswith(("ValueError", "TypeError"))
         return 2 if bad_input else 1
     except (KeyboardInterrupt, Interrupted) as exc:
+        from commbench.bench import signals  # loaded already, by the launcher's module
+
+        signals.ignore_further(exiting=True)  # a second Ctrl-C would cut the exit's clean-up short
         kept = getattr(args, "json", None) or (
             "results/demo.jsonl" if args and args.command == "demo" else None
         )

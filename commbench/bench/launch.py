@@ -282,16 +282,8 @@ def _cores() -> int:
 def _exit_on_signal(signum: int, frame: Any) -> None:
     global _stopping
     _stopping = True
-    # One signal is enough; a second would interrupt cleanup. Not SIG_IGN: a second signal already
-    # pending (timeout(1) and the launcher each send one) then raises "Signal 15 ignored due to
-    # race condition" from this very call.
-    for other in signals.STOPS:
-        signal.signal(other, _already_stopping)
+    signals.ignore_further()  # one signal is enough; a second would interrupt cleanup
     raise SystemExit(128 + signum)
-
-
-def _already_stopping(signum: int, frame: Any) -> None:
-    pass
 
 
 def _record(error_dir: str | None, exc: BaseException) -> None:
@@ -349,7 +341,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
         _check_spawn_memory(spec.world_size)
     lost: list[int] = []  # stops whose exception a finaliser dropped
     try:
-        with _stops_raise(SignalException):
+        with _stops_raise(SignalException) as rearm:
             if forked:  # first: the scratch directory goes beside the server's socket
                 starter.ready(spec.timeout_s)
             with _scratch_dir(starter.scratch_place() if forked else None) as error_dir:
@@ -371,7 +363,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
                 )
                 change = starter.environment_change() if forked else None  # a spawned rank has ours
                 try:
-                    with _stops_in_finalisers(SignalException, lost):
+                    with _stops_in_finalisers(SignalException, lost, rearm):
                         launcher = os.getpid()
                         results = elastic_launch(config, _rank_main)(
                             fn, args, spec, error_dir, change, launcher
@@ -393,24 +385,55 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
     return results
 
 
-def _stops_raise(raised: Callable[[str, signal.Signals], BaseException]) -> contextlib.AbstractContextManager:
-    """From the start of a launch, SIGTERM and SIGHUP raise ``raised`` (msg, signal), as the agent's
-    own handler does once it starts the ranks; the handlers from before the launch of every signal
-    the agent takes over come back after it (SIGQUIT too: the agent's stayed, and a SIGQUIT after
-    a launch raised its exception where nothing catches it, in place of its default action).
+@contextlib.contextmanager
+def _stops_raise(raised: Callable[[str, signal.Signals], BaseException]) -> Iterator[Callable[[], None]]:
+    """From the start of a launch, the stop signals raise ``raised`` (msg, signal), as the agent's
+    own handler does once it starts the ranks, and the first makes the others, and any that
+    follow, do nothing (:func:`commbench.bench.signals.ignore_further`); the handlers from before
+    the launch of every signal the agent takes over come back after it (SIGQUIT too: the agent's
+    stayed, and a SIGQUIT after a launch raised its exception where nothing catches it, in place
+    of its default action). Yields ``rearm()``, which undoes what the last stop did to the others.
 
-    Before the agent's handler, those two took their default action: a SIGTERM while the fork
-    server started or the rendezvous was made ended this process at once (2 of 8 SIGTERMs sent
-    2 to 5 s into a 2-rank sweep), without "interrupted" and leaving its scratch directory. After
-    the launch, the agent's handler stayed, and a stop there would have raised its exception where
-    nothing catches it.
+    Before the agent's handler, SIGTERM and SIGHUP took their default action: a SIGTERM while the
+    fork server started or the rendezvous was made ended this process at once (2 of 8 SIGTERMs
+    sent 2 to 5 s into a 2-rank sweep), without "interrupted" and leaving its scratch directory.
+    After the launch, the agent's handler stayed, and a stop there would have raised its exception
+    where nothing catches it. A second Ctrl-C a moment after the first (the agent's own handler
+    raised again) cut short the agent's stopping of the ranks or the removal of the scratch
+    directory, which then stayed behind.
     """
+    taken = _agent_signals()
+    quieted: dict[int, Any] = {}
 
     def stop(signum: int, frame: Any) -> None:
+        quieted.update(signals.ignore_further(taken))
         sig = signal.Signals(signum)
         raise raised(f"commbench launcher got {sig.name}", sig)
 
-    return signals.handled((signal.SIGTERM, signal.SIGHUP), stop, also_restore=_agent_signals())
+    def rearm() -> None:
+        while quieted:
+            signal.signal(*quieted.popitem())
+
+    with signals.handled(signals.STOPS, stop, also_restore=taken), _agent_handler(stop):
+        yield rearm
+
+
+@contextlib.contextmanager
+def _agent_handler(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """The elastic agent sets ``handler`` instead of its own for the signals it takes over (its
+    own raises its SignalException, as ``handler`` must). Where torch has no such function,
+    nothing changes."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    own = getattr(api, "_terminate_process_handler", None)
+    if not callable(own):
+        yield
+        return
+    api._terminate_process_handler = handler
+    try:
+        yield
+    finally:
+        api._terminate_process_handler = own
 
 
 def _agent_signals() -> tuple[int, ...]:
@@ -425,11 +448,14 @@ def _agent_signals() -> tuple[int, ...]:
 
 
 @contextlib.contextmanager
-def _stops_in_finalisers(raised: type[BaseException], lost: list[int]) -> Iterator[None]:
+def _stops_in_finalisers(
+    raised: type[BaseException], lost: list[int], rearm: Callable[[], None] = lambda: None
+) -> Iterator[None]:
     """Keep the stop that the agent's signal handler raises (``raised``, with its ``sigval``; or a
     KeyboardInterrupt) when it is raised while a finaliser (``__del__``, a weakref callback) runs:
     Python prints such an exception and drops it, and the launch went on. The signal numbers of
-    such stops are added to ``lost`` instead of printed, and the launch then ends as interrupted.
+    such stops are added to ``lost`` instead of printed, ``rearm()`` is called (the stop made the
+    others do nothing), and the launch then ends as interrupted.
 
     A Ctrl-C reaches the ranks too, which leave, so the run still ends at once (seen once in make
     test: a temporary file's finaliser took it, and the run ended "rank 0 failed: killed by
@@ -441,8 +467,10 @@ def _stops_in_finalisers(raised: type[BaseException], lost: list[int]) -> Iterat
         exc = unraisable.exc_value
         if isinstance(exc, raised):
             lost.append(int(exc.sigval))
+            rearm()
         elif isinstance(exc, KeyboardInterrupt):
             lost.append(signal.SIGINT)
+            rearm()
         else:
             previous(unraisable)
 

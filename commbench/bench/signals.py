@@ -45,3 +45,30 @@ def noted(signals: Iterable[int]) -> Iterator[list[int]]:
     got: list[int] = []
     with handled(signals, lambda signum, frame: got.append(signum)):
         yield got
+
+
+def ignore_further(signums: Iterable[int] = STOPS, *, exiting: bool = False) -> dict[int, Any]:
+    """From now on each of ``signums`` does nothing, in a process that is stopping already: a second
+    Ctrl-C cut its clean-up short (a scratch directory half removed, a KeyboardInterrupt in an exit
+    handler). Returns the handlers it replaced, to put back where the stop turns out to be lost.
+
+    The handler is a Python function that does nothing, not SIG_IGN: a signal that has reached the
+    interpreter but not yet its Python handler is then reported as "Signal 15 ignored due to race
+    condition" (seen under timeout(1), whose signal and the launcher's come together). With
+    ``exiting``, for a process about to exit (not in a handler), it is SIG_IGN all the same: as it
+    exits, Python puts back the default action in place of its own handlers, and a Ctrl-C in the
+    second that tearing torch down takes then ended the process (killed by SIGINT, not exit 130).
+    A signal inherited as ignored stays so; off the main thread nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    quiet = signal.SIG_IGN if exiting else _nothing
+    replaced = {}
+    for s in signums:
+        if signal.getsignal(s) not in (signal.SIG_IGN, quiet):
+            replaced[s] = signal.signal(s, quiet)
+    return replaced
+
+
+def _nothing(signum: int, frame: Any) -> None:
+    pass
