@@ -524,6 +524,21 @@ def test_ctrl_c_before_the_cli_handles_signals_is_one_line_and_exit_130(module):
     assert (done.returncode, done.stderr) == (130, "commbench: interrupted\n")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["closed-terminal", "term"])
+def test_a_stop_while_the_cli_imports_torch_is_one_line_and_its_exit_code(sig):
+    """A closed terminal's SIGHUP while the launcher's module (and torch) loaded ended the command
+    silently (exit 129, no line); it now waits for the import, as Ctrl-C and SIGTERM do."""
+    hook = _SIGINT_AT.replace("signal.SIGINT", f"signal.{sig.name}")
+    done = subprocess.run(
+        [sys.executable, "-c", hook, "commbench.bench.launch"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stderr) == (128 + sig, "commbench: interrupted\n")
+
+
 def test_the_command_and_python_m_commbench_go_through_the_guarded_entry():
     """setup.cfg's console script and ``python -m commbench`` both start at ``commbench.__main__:run``."""
     scripts = configparser.ConfigParser()

@@ -448,14 +448,16 @@ class _SignalWhileLoading(Exception):
 
 
 def _import_launch() -> Any:
-    """The launcher module, imported (with torch, seconds) while Ctrl-C and SIGTERM wait.
+    """The launcher module, imported (with torch, seconds) while the stop signals wait.
 
     A KeyboardInterrupt raised inside torch's import can end in a C++ abort; held back, the
-    signal is reported once the import is done (:class:`_SignalWhileLoading`).
+    signal is reported once the import is done (:class:`_SignalWhileLoading`). SIGHUP (a closed
+    terminal) waits too: it ended the command silently, with exit code 129 and its multiprocessing
+    directory left behind.
     """
     from commbench.bench import signals
 
-    with signals.noted((signal.SIGINT, signal.SIGTERM)) as held:
+    with signals.noted(signals.STOPS) as held:
         from commbench.bench import launch
     if held:
         raise _SignalWhileLoading(held[0])
