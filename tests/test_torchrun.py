@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +57,48 @@ def test_sweep_under_torchrun(tmp_path):
     assert {r["world_size"] for r in records} == {3}
     assert all(r["wrong"] == 0 for r in records)
     assert out.stdout.count("# commbench sweep:") == 1  # one table, printed by rank 0 only
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["term", "hup"])
+def test_a_stop_under_torchrun_keeps_what_rank_0_finished(tmp_path, sig):
+    """torchrun passes a SIGTERM or SIGHUP on to its ranks (a closed terminal sends them one too),
+    and its default action ended rank 0 before it wrote its probe record or closed its file. The
+    ranks now leave through the same handler as under commbench's own launcher: every record kind
+    of an interrupted run is kept, and the CLI says so."""
+    path = tmp_path / "r.jsonl"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m"]
+    argv += ["commbench", "sweep", "-b", "4K", "-e", "3M", "-i", "4K", "-n", "5", "-w", "1", "-q"]  # minutes
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # torchrun leaves its log directories when stopped
+    with (tmp_path / "stderr").open("w") as err:  # a file: the ranks inherit it (see test_launch)
+        proc = subprocess.Popen(
+            [*argv, "--json", str(path)],
+            cwd=ROOT,
+            env=env,
+            stderr=err,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline and _lines(path) < 3:
+            time.sleep(0.1)
+        assert _lines(path) >= 3, (tmp_path / "stderr").read_text()[-2000:]  # the header and two points
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    kinds = [json.loads(line)["type"] for line in path.read_text().splitlines()]
+    assert kinds[0] == "header" and kinds[-1] == "probe" and set(kinds[1:-1]) == {"sweep"}, kinds
+    said = [line for line in (tmp_path / "stderr").read_text().splitlines() if line.startswith("commbench")]
+    assert said and all(line.startswith("commbench: interrupted; finished points are in ") for line in said)
+
+
+def _lines(path: Path) -> int:
+    try:
+        return len(path.read_text().splitlines())
+    except OSError:
+        return 0
 
 
 @pytest.mark.parametrize(

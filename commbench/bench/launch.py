@@ -182,7 +182,12 @@ def _rank_main(
                 # and multiprocessing's resource tracker then reported tqdm's lock as leaked.
                 for signum in signals.STOPS:
                     signal.signal(signum, _exit_on_signal)
-            return fn(*args)
+                return fn(*args)
+            # Under torchrun or SLURM too: torchrun passes a SIGTERM or SIGHUP on to its ranks, whose
+            # default action skipped the finally-blocks (a sweep lost its probe record). This process
+            # is the caller's, so its handlers come back after ``fn``.
+            with signals.handled(signals.STOPS, _exit_on_signal):
+                return fn(*args)
         except BaseException as exc:
             _record(error_dir, exc)  # before leaving the group wakes the peers with errors of their own
             raise
@@ -311,6 +316,10 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
         rank = int(os.environ["RANK"])
         try:
             return {rank: _rank_main(fn, args, spec, None)}
+        except SystemExit as exc:
+            if not _stopping:
+                raise
+            raise Interrupted(int(exc.code) - 128) from None  # for the CLI to say so in one line
         except dist.DistError as exc:  # most often variables left from another job's launcher
             where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
