@@ -430,12 +430,13 @@ def _stops_raise(raised: Callable[[str, signal.Signals], BaseException]) -> Iter
 @contextlib.contextmanager
 def _agent_handler(handler: Callable[[int, Any], None]) -> Iterator[None]:
     """The elastic agent sets ``handler`` instead of its own for the signals it takes over (its
-    own raises its SignalException, as ``handler`` must). Where torch has no such function,
-    nothing changes."""
+    own raises its SignalException, as ``handler`` must). Where torch has no such function, or
+    off the main thread (where the agent sets no handlers, and launches may overlap), nothing
+    changes."""
     from torch.distributed.elastic.multiprocessing import api
 
     own = getattr(api, "_terminate_process_handler", None)
-    if not callable(own):
+    if not callable(own) or threading.current_thread() is not threading.main_thread():
         yield
         return
     api._terminate_process_handler = handler
