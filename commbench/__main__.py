@@ -11,6 +11,8 @@ import signal
 import sys
 
 INTERRUPTED = "commbench: interrupted"
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOPPED = tuple(128 + s for s in STOPS)  # the exit codes of an interrupted run
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -20,7 +22,11 @@ def run(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)
         return 128 + signal.SIGINT
-    return main(argv)
+    code = main(argv)
+    if code in STOPPED:  # the exit's teardown puts the default actions back: a second Ctrl-C there
+        for signum in STOPS:  # ended the process killed by SIGINT, not with 130
+            signal.signal(signum, signal.SIG_IGN)
+    return code
 
 
 if __name__ == "__main__":

@@ -741,7 +741,8 @@ def test_ctrl_c_that_the_launcher_takes_in_a_finaliser_is_not_lost(tmp_path):
 
 HELD_CTRL_C = """
 import os, signal, subprocess, sys
-from commbench.bench import cli, starter
+from commbench import __main__ as command
+from commbench.bench import starter
 
 ready = starter.ready
 
@@ -752,7 +753,7 @@ def ready_then_stop(timeout_s):
 if __name__ == "__main__":
     starter.ready = ready_then_stop
     argv = ["sweep", "--world-size", "2", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "-q", "--no-probe"]
-    code = cli.main(argv)
+    code = command.run(argv)  # what the commbench command runs
     # Ctrl-C held down from here until this process has gone: its exit handlers, then the
     # interpreter's and torch's teardown (about a second).
     loop = "while kill -INT $0 2>/dev/null; do sleep 0.01; done"
@@ -775,6 +776,21 @@ def test_ctrl_c_after_the_first_lets_an_interrupted_run_exit_as_interrupted(tmp_
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
     )
     assert (done.returncode, done.stderr) == (130, "commbench: interrupted\n"), done.stderr[-2000:]
+
+
+def test_an_interrupted_command_run_in_process_leaves_the_stop_handlers_as_it_found_them(monkeypatch):
+    """cli.main set the stop signals to SIG_IGN once a run was interrupted, for the exit of its own
+    process; a study, which runs each command through it, and the tests went on ignoring them."""
+    from commbench.bench import cli, starter
+
+    def stopped(timeout_s):
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(starter, "ready", stopped)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    argv = ["sweep", "--world-size", "2", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "-q", "--no-probe"]
+    assert cli.main(argv) == 130
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
 def _cmdline(proc: psutil.Process) -> list[str]:

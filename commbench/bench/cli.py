@@ -7,6 +7,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -516,7 +517,29 @@ def _world_size_asked(words: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``commbench`` command; returns the exit code."""
+    """Entry point of the ``commbench`` command; returns the exit code.
+
+    The stop signals' handlers are as before when it returns: an interrupted run makes further
+    stops do nothing while it reports and cleans up, and that stayed in a process that called
+    this (a study runs every command through it, tests do too) and went on. The command's own
+    process keeps them ignored for its exit (``commbench.__main__``)."""
+    before = (
+        {s: signal.getsignal(s) for s in _STOPS}
+        if threading.current_thread() is threading.main_thread()
+        else {}
+    )
+    try:
+        return _main(argv)
+    finally:
+        for s, handler in before.items():
+            if handler is not None:
+                signal.signal(s, handler)
+
+
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # as commbench.bench.signals, which loads later
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         _start_rank_server(argv)
         launch = _import_launch()
