@@ -11,8 +11,6 @@ import signal
 import sys
 
 INTERRUPTED = "commbench: interrupted"
-STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-STOPPED = tuple(128 + s for s in STOPS)  # the exit codes of an interrupted run
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -23,9 +21,11 @@ def run(argv: list[str] | None = None) -> int:
         print(INTERRUPTED, file=sys.stderr)
         return 128 + signal.SIGINT
     code = main(argv)
-    if code in STOPPED:  # the exit's teardown puts the default actions back: a second Ctrl-C there
-        for signum in STOPS:  # ended the process killed by SIGINT, not with 130
-            signal.signal(signum, signal.SIG_IGN)
+    from commbench.bench import signals  # loaded by main already
+
+    if code in (128 + s for s in signals.STOPS):  # interrupted: the exit's teardown puts the default
+        for signum in signals.STOPS:  # actions back, and a second Ctrl-C there ended the process
+            signal.signal(signum, signal.SIG_IGN)  # killed by SIGINT, not with 130
     return code
 
 

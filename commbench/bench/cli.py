@@ -223,7 +223,7 @@ def check_environment() -> None:
 
 
 def launch_spec(args: argparse.Namespace) -> Any:
-    from commbench.bench import launch, starter
+    from commbench.bench import launch
 
     check_environment()
 
@@ -233,8 +233,7 @@ def launch_spec(args: argparse.Namespace) -> Any:
             raise ValueError(f"--world-size {args.world_size} disagrees with the launcher's world of {world}")
     else:
         world = 2 if args.world_size is None else args.world_size
-        if world > 1 and starter.start_method(world) != starter.START_METHOD:
-            launch._check_spawn_memory(world)  # before the checks that size a list by the world
+        launch.check_local_ranks(world)  # before the checks that size a list by the world
     spec = launch.LaunchSpec(
         world_size=world, device=args.device, backend=args.backend, timeout_s=args.timeout
     )
@@ -523,8 +522,10 @@ def main(argv: list[str] | None = None) -> int:
     stops do nothing while it reports and cleans up, and that stayed in a process that called
     this (a study runs every command through it, tests do too) and went on. The command's own
     process keeps them ignored for its exit (``commbench.__main__``)."""
+    from commbench.bench import signals
+
     before = (
-        {s: signal.getsignal(s) for s in _STOPS}
+        {s: signal.getsignal(s) for s in signals.STOPS}
         if threading.current_thread() is threading.main_thread()
         else {}
     )
@@ -534,9 +535,6 @@ def main(argv: list[str] | None = None) -> int:
         for s, handler in before.items():
             if handler is not None:
                 signal.signal(s, handler)
-
-
-_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # as commbench.bench.signals, which loads later
 
 
 def _main(argv: list[str] | None) -> int:

@@ -346,8 +346,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
             logging.getLogger(name).setLevel(logging.CRITICAL)
     method = starter.start_method(spec.world_size)
     forked = method == starter.START_METHOD
-    if not forked:
-        _check_spawn_memory(spec.world_size)
+    check_local_ranks(spec.world_size)
     lost: list[int] = []  # stops whose exception a finaliser dropped
     try:
         with _stops_raise(SignalException) as rearm:
@@ -515,6 +514,13 @@ def _scratch_dir(place: tuple[str, str] | None = None) -> Iterator[str]:
         while os.path.exists(path) and time.monotonic() < deadline:
             time.sleep(0.05)
             shutil.rmtree(path, ignore_errors=True)
+
+
+def check_local_ranks(ranks: int) -> None:
+    """Refuse ``ranks`` local ranks where they would be spawned (beyond the fork server's count)
+    and this host's memory cannot hold them (:func:`_check_spawn_memory`); ValueError, one line."""
+    if starter.start_method(ranks) != starter.START_METHOD:
+        _check_spawn_memory(ranks)
 
 
 def _check_spawn_memory(ranks: int) -> None:

@@ -63,11 +63,18 @@ def backend_for(group: dist.ProcessGroup | None, device: torch.device) -> str:
     name = str(dist.get_backend(group))
     if ":" not in name and name != dist.Backend.UNDEFINED:
         return name
-    for pair in dist.get_backend_config(group).split(","):
-        kind, _, backend = pair.partition(":")
-        if kind.strip() == device.type:
-            return backend.strip()
-    return ""
+    key = _resolved(group)  # None before any group is made
+    per_device = _PER_DEVICE.get(key) if key is not None else None
+    if per_device is None:  # read once per group: exchange asks for every message
+        pairs = (pair.partition(":") for pair in dist.get_backend_config(group).split(","))
+        per_device = {kind.strip(): backend.strip() for kind, _, backend in pairs}
+        if key is not None:
+            _PER_DEVICE[key] = per_device
+    return per_device.get(device.type, "")
+
+
+# group -> {device type: backend}, for groups with a backend per device (see backend_for)
+_PER_DEVICE: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
 def moves_host_tensors(group: dist.ProcessGroup | None) -> bool:
