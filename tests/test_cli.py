@@ -50,6 +50,8 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["sweep", "--world-size", "0"], "world size"),
         (["sweep", "-n", "0"], "iters"),
         (["sweep", "--block", "0"], "block must be >= 1"),
+        (["sweep", "-n", "99999999999999999999999"], "iters must be <= 1000000"),
+        (["sweep", "-w", "2000000"], "warmup must be <= 1000000"),
         (["sweep", "-r", "2", "--world-size", "2"], "root 2"),
         (["sweep", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),
         (["sweep", "--plot", "/nonexistent-dir/x.png"], "cannot write"),

@@ -38,6 +38,7 @@ from commbench.comm.ring import SEGMENT_BYTES
 
 LIMIT = "limit"  # name of the sendrecv series measured beside the algorithms
 MAX_SIZES = 1000
+MAX_ITERS = 1_000_000  # per size and series; each timed one keeps its time until the size ends
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -93,14 +94,16 @@ class SweepConfig:
         if self.step_bytes is None and not (self.step_factor > 1 and math.isfinite(self.step_factor)):
             raise ValueError(f"step factor must be a finite number > 1, got {self.step_factor}")
         check_distinct(json=self.json_path, csv=self.csv_path)
-        if self.iters < 1:
-            raise ValueError(f"iters must be >= 1, got {self.iters}")
-        if self.warmup < 0:
-            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
-        if self.block < 1:
-            raise ValueError(f"block must be >= 1 iteration, got {self.block}")
-        if self.probe_iters < 1:
-            raise ValueError(f"probe iterations must be >= 1, got {self.probe_iters}")
+        for name, value, least in (
+            ("iters", self.iters, 1),
+            ("warmup", self.warmup, 0),
+            ("block", self.block, 1),
+            ("probe iterations", self.probe_iters, 1),
+        ):
+            if value < least:
+                raise ValueError(f"{name} must be >= {least}, got {value}")
+            if value > MAX_ITERS:
+                raise ValueError(f"{name} must be <= {MAX_ITERS}, got {value}")
         if not (0.001 <= self.probe_interval_s <= 60):
             raise ValueError(f"probe interval must be between 0.001 and 60 s, got {self.probe_interval_s}")
         dtype = parse_dtype(self.dtype)
