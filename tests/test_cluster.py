@@ -295,10 +295,38 @@ def test_failure_text_and_first_failure():
     assert cluster.failure_text(bad, 2) == "error: unknown algorithm 'x'"
     assert cluster.failure_text("", 3) == "exited with code 3"
     # The killed rank is the cause even when its peers' errors were seen first.
-    first = cluster.first_failure({0: (1.0, "RuntimeError: closed"), 2: (1.2, "killed by SIGKILL")})
-    assert (first.rank, str(first)) == (2, "rank 2 failed: killed by SIGKILL")
-    first = cluster.first_failure({1: (2.0, "killed by SIGTERM"), 0: (2.5, "ValueError: x")})
-    assert first.rank == 0
+    first = cluster.first_failure(
+        {0: (1.0, "RuntimeError: closed", False), 2: (1.2, "killed by SIGKILL", False)}
+    )
+    assert (first.rank, str(first), first.bad_input) == (2, "rank 2 failed: killed by SIGKILL", False)
+    first = cluster.first_failure({1: (2.0, "killed by SIGTERM", False), 0: (2.5, "error: x", True)})
+    assert (first.rank, first.bad_input) == (0, True)
+
+
+def test_rank_exit_code_is_read_from_the_launchers_summary():
+    # The launcher on a host exits 1 whatever its rank's code; its summary keeps the rank's.
+    log = (
+        "commbench: error: expected data_batch_2: no such file\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-26_02:00:00\n"
+        "  rank      : 1 (local_rank: 0)\n  exitcode  : 2 (pid: 4242)\n"
+    )
+    assert cluster.rank_exit_code(log) == 2
+    assert cluster.rank_exit_code(log.replace(": 2 (pid", ": -9 (pid")) == -9
+    assert cluster.rank_exit_code("RuntimeError: Connection closed by peer\n") is None
+
+
+@pytest.mark.parametrize("bad_input, code", [(True, 2), (False, 1)])
+def test_a_host_that_refused_its_input_is_exit_2(bad_input, code, monkeypatch, capsys):
+    from commbench.bench.launch import RankFailed
+
+    def run_hosts(config, argv, work):
+        raise RankFailed(1, "error: expected data_batch_2: no such file", bad_input=bad_input)
+
+    monkeypatch.setattr(cluster, "run_hosts", run_hosts)
+    monkeypatch.setattr(netns, "check_privileges", lambda: None)
+    assert cli.main(["cluster", "--hosts", "2", "--", "sweep", "-b", "1K", "-e", "1K", "-q"]) == code
+    assert capsys.readouterr().err == "commbench: rank 1 failed: error: expected data_batch_2: no such file\n"
 
 
 def test_computed_bytes_counts_every_call_of_every_point():
@@ -439,6 +467,30 @@ def test_killed_rank_fails_the_run_by_name_and_cleans_up():
         proc.kill()
     assert proc.returncode == 1
     assert "rank 1 failed: killed by SIGKILL" in err, err[-2000:]
+    _assert_clean(proc.pid, before)
+
+
+@needs_privileges
+def test_input_a_host_refuses_after_the_build_is_exit_2(tmp_path):
+    # The check before the build cannot read the data files; the hosts' ranks do, and refuse them.
+    before = _root_state()
+    batches = tmp_path / "cifar-10-batches-py"
+    batches.mkdir()
+    (batches / "data_batch_1").write_bytes(bytes(1000))
+    argv = ["cluster", "--hosts", "2", "--", "train", "--dataset", "cifar10", "--data-dir", str(tmp_path)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commbench", *argv, "--epochs", "1", "-q"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, err[-2000:]
+    assert err.endswith("data_batch_2: no such file\n"), err[-2000:]
+    assert err.count("\n") == 1, err[-2000:]
     _assert_clean(proc.pid, before)
 
 

@@ -628,7 +628,7 @@ def _main(argv: list[str] | None) -> int:
         return 1
     except RankFailed as exc:
         print(f"commbench: {exc}", file=sys.stderr)
-        bad_input = str(exc).split(": ", 1)[-1].startswith(("ValueError", "TypeError"))
+        bad_input = exc.bad_input or exc.detail.startswith(("ValueError", "TypeError"))
         return 2 if bad_input else 1
     except (KeyboardInterrupt, Interrupted) as exc:
         from commbench.bench import signals  # loaded already, by the launcher's module

@@ -357,8 +357,12 @@ def _wait(procs: Sequence[subprocess.Popen], logs: Sequence[Path]) -> None:
                 failed[i] = now
         ended = all(p.poll() is not None for p in procs)
         if failed and (ended or now - min(failed.values()) > FAILURE_GRACE_S):
+            tails = {i: _tail(logs[i]) for i in failed}
             raise first_failure(
-                {i: (t, failure_text(_tail(logs[i]), procs[i].returncode)) for i, t in failed.items()}
+                {
+                    i: (t, failure_text(tails[i], procs[i].returncode), rank_exit_code(tails[i]) == 2)
+                    for i, t in failed.items()
+                }
             )
         if not failed and all(p.poll() == 0 for p in procs):
             return
@@ -406,17 +410,28 @@ def failure_text(log: str, returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
-def first_failure(failed: dict[int, tuple[float, str]]) -> Exception:
-    """The failure that came first: a killed or crashed rank before the peers it took down."""
+_EXIT_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
+
+
+def rank_exit_code(log: str) -> int | None:
+    """The exit code of a host's rank, from its launcher's failure summary (the launcher itself
+    exits 1 whatever its rank's code was); None where the summary has none."""
+    m = _EXIT_CODE.search(log)
+    return int(m.group(1)) if m else None
+
+
+def first_failure(failed: dict[int, tuple[float, str, bool]]) -> Exception:
+    """The failure that came first: a killed or crashed rank before the peers it took down.
+    ``failed`` maps a host to (when it was seen, what ended it, whether its rank refused its input)."""
     from commbench.bench.launch import RankFailed
 
-    def key(item: tuple[int, tuple[float, str]]) -> tuple[int, float, int]:
-        host, (when, text) = item
+    def key(item: tuple[int, tuple[float, str, bool]]) -> tuple[int, float, int]:
+        host, (when, text, _) = item
         stopped = text.startswith("killed by") and text.endswith(("SIGTERM", "SIGINT"))
         return (2 if stopped else 0 if text.startswith("killed by") else 1, when, host)
 
-    host, (_, text) = min(failed.items(), key=key)
-    return RankFailed(host, text)
+    host, (_, text, bad_input) = min(failed.items(), key=key)
+    return RankFailed(host, text, bad_input=bad_input)
 
 
 def extra_calls(inner: argparse.Namespace) -> int:

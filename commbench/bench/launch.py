@@ -54,12 +54,14 @@ class Interrupted(Exception):
 
 
 class RankFailed(RuntimeError):
-    """A rank ended with an error or was killed; the message names the rank."""
+    """A rank ended with an error or was killed; the message names the rank. ``bad_input``: the rank
+    refused its input (exit 2), where the message alone cannot say so."""
 
-    def __init__(self, rank: int, message: str) -> None:
+    def __init__(self, rank: int, message: str, *, bad_input: bool = False) -> None:
         super().__init__(f"rank {rank} failed: {message}")
         self.rank = rank
         self.detail = message
+        self.bad_input = bad_input
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -382,7 +384,9 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
                     failure = _first_failure(exc, error_dir)
                     if forked and starter.server_gone():
                         gone = "the fork server that started the ranks had ended"
-                        failure = RankFailed(failure.rank, f"{failure.detail} ({gone})")
+                        failure = RankFailed(
+                            failure.rank, f"{failure.detail} ({gone})", bad_input=failure.bad_input
+                        )
                     raise failure from None
     except SignalException as exc:  # the agent has stopped the ranks before raising this
         raise Interrupted(int(exc.sigval)) from None
