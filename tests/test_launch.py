@@ -765,3 +765,31 @@ def test_a_slurm_job_without_master_port_gets_a_port_of_its_own(monkeypatch):
         monkeypatch.setenv(name, value)
     launch._adopt_slurm_env()
     assert os.environ["MASTER_PORT"] == "29577" and os.environ["RANK"] == "0"
+
+
+@pytest.mark.parametrize("extra, code", [(71, 2), (70, 0)], ids=["too-long", "longest"])
+def test_a_temporary_directory_too_long_for_the_servers_socket_is_one_line_and_exit_2(tmp_path, extra, code):
+    # The server's socket is $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX: 37 bytes past the directory;
+    # a path of 108 bytes or more cannot be bound, and multiprocessing raised it as a traceback.
+    top = Path(tempfile.mkdtemp(prefix="cb-", dir="/tmp"))
+    long = top / ("a" * (extra - len(str(top)) + 4))  # /tmp/ + extra bytes, as the shell check had
+    long.mkdir()
+    assert len(str(long)) == len("/tmp/") + extra
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "commbench", "sweep", "-b", "1K", "-e", "1K", "--world-size", "2", "-q"],
+            cwd=tmp_path,
+            env={**_with_project_path(), "TMPDIR": str(long)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert list(long.iterdir()) == []
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    assert done.returncode == code, done.stderr[-2000:]
+    if code:
+        assert done.stderr.startswith(f"commbench: error: the temporary directory {long} is too long"), (
+            done.stderr
+        )
+        assert done.stderr.endswith("(108 of at most 107 bytes); set TMPDIR to a shorter one\n")

@@ -547,6 +547,9 @@ def _main(argv: list[str] | None) -> int:
         signals.ignore_further(exiting=True)
         print("commbench: interrupted", file=sys.stderr)
         return 128 + getattr(exc, "signum", signal.SIGINT)
+    except ValueError as exc:  # a temporary directory the rank server cannot use
+        print(f"commbench: error: {exc}", file=sys.stderr)
+        return 2
     Interrupted, RankFailed = launch.Interrupted, launch.RankFailed
     NotStarted = launch.starter.ServerNotReady
 

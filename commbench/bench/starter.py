@@ -33,9 +33,10 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
-from multiprocessing import forkserver, util
+from multiprocessing import connection, forkserver, util
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +124,25 @@ def start() -> None:
     # Ignored from their start: Ctrl-C in the server until it has imported commbench.bench.rankhost;
     # a closed terminal's SIGHUP in multiprocessing's resource tracker, which the server's start
     # starts too and which, killed by it, was relaunched and printed a traceback per semaphore.
+    if _server_pid() is None or server_gone():
+        _check_socket_path()
     with _ignored((signal.SIGINT, signal.SIGHUP)), _delivered(signal.SIGCHLD):
         forkserver.ensure_running()
+
+
+SOCKET_PATH_MAX = 107  # bytes of an AF_UNIX socket's path on Linux (sun_path is 108 with its NUL)
+
+
+def _check_socket_path() -> None:
+    """ValueError where the server's socket, made in a directory under $TMPDIR, would have a path
+    too long to bind (multiprocessing raised OSError from deep inside, as a traceback)."""
+    path = connection.arbitrary_address("AF_UNIX")  # the same directory and the same length of name
+    if len(os.fsencode(path)) > SOCKET_PATH_MAX:
+        raise ValueError(
+            f"the temporary directory {tempfile.gettempdir()} is too long a path for the local ranks' "
+            f"socket ({len(os.fsencode(path))} of at most {SOCKET_PATH_MAX} bytes); set TMPDIR to a "
+            "shorter one"
+        )
 
 
 def start_method(local_ranks: int) -> str:
