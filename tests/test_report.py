@@ -124,3 +124,22 @@ def test_bandwidth_records_make_a_copy_table(tmp_path):
     md = (out / "report.md").read_text()
     assert "### Copy bandwidth (cpu)" in md
     assert f"| host->host | 1M | {rec['time_s'] * 1e6:.1f} | {rec['gbps']:.2f} | n/a | n/a | - |" in md
+
+
+def test_a_run_stopped_before_its_summary_keeps_its_epochs(recorded, tmp_path):
+    """compare writes its epochs as they finish and the summaries last: a run stopped between had its
+    whole training section dropped."""
+    lines = recorded["compare"].read_text().splitlines()
+    kept = [line for line in lines if json.loads(line)["type"] in ("header", "epoch")]
+    path = tmp_path / "stopped.jsonl"
+    path.write_text("\n".join(kept) + "\n")
+    out = tmp_path / "rep"
+    assert main(["report", str(path), "-o", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "### Training: mlp on synthetic, 2 ranks" in md and "stopped before its summary" in md
+    epochs = [json.loads(line) for line in kept[1:]]
+    rows = [
+        line for line in md.splitlines() if line.startswith(tuple(f"| {s} |" for s in COMPARE_STRATEGIES))
+    ]
+    assert len(rows) == len(epochs)
+    assert "stopped-loss.png" in _images(md) and (out / "stopped-loss.png").exists()

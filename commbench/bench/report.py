@@ -201,7 +201,18 @@ def plot_training(
     fig.tight_layout()
     fig.savefig(breakdown_path, dpi=120)
     plt.close(fig)
+    plot_loss(epochs, loss_path, names)
 
+
+def plot_loss(epochs: Sequence[dict[str, Any]], path: Any, names: Sequence[str] | None = None) -> None:
+    """The training loss per step of each strategy (``names``; default: those of ``epochs``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if names is None:
+        names = list(dict.fromkeys(e["strategy"] for e in epochs))
     fig, ax = plt.subplots(figsize=(7, 4))
     for name in names:
         losses = [v for e in epochs if e["strategy"] == name for v in e["step_losses"]]
@@ -210,7 +221,7 @@ def plot_training(
     ax.set_ylabel("training loss (mean over ranks)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(loss_path, dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
 

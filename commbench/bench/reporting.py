@@ -474,27 +474,46 @@ SUMMARY_COLUMNS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = 
 
 
 def training_section(run: Run, plots: _Plots) -> list[Block]:
-    """The compare table, per-epoch times, and the breakdown, loss and throughput plots."""
-    if not run.summaries:
+    """The compare table, per-epoch times, and the breakdown, loss and throughput plots. A run
+    stopped before its end has epochs but no summary (written last): its epochs and loss curve."""
+    if not run.summaries and not run.epochs:
         return []
-    from commbench.bench.report import plot_throughput, plot_training
+    from commbench.bench.report import plot_loss, plot_throughput, plot_training
 
-    s0 = run.summaries[0]
-    what = (
-        f"{s0.get('model', '?')} on {s0.get('dataset', '?')}, {s0['world_size']} ranks, "
-        f"{s0.get('backend', '?')} on {s0.get('device', '?')}"
-    )
-    blocks: list[Block] = [
-        Heading(text=f"Training: {what}", level=3),
-        Para(
-            text=f"{s0.get('trainable_params', 0):,} trainable parameters, {s0.get('syncs_per_epoch', '-')} "
-            "gradient syncs per epoch. ms = median per step over the timed steps (later epochs) of the "
-            "ranks' mean; exposed comm = from the last gradient until gradients are synced; hidden = "
-            "share of "
-            "communication overlapping backward; MB = 1e6 B."
-        ),
-        table([c[1] for c in SUMMARY_COLUMNS], [[c[2](s) for c in SUMMARY_COLUMNS] for s in run.summaries]),
-    ]
+    if run.summaries:
+        s0 = run.summaries[0]
+        what = (
+            f"{s0.get('model', '?')} on {s0.get('dataset', '?')}, {s0['world_size']} ranks, "
+            f"{s0.get('backend', '?')} on {s0.get('device', '?')}"
+        )
+        blocks: list[Block] = [
+            Heading(text=f"Training: {what}", level=3),
+            Para(
+                text=f"{s0.get('trainable_params', 0):,} trainable parameters, "
+                f"{s0.get('syncs_per_epoch', '-')} gradient syncs per epoch. ms = median per step over the "
+                "timed steps (later epochs) of the ranks' mean; exposed comm = from the last gradient until "
+                "gradients are synced; hidden = share of communication overlapping backward; MB = 1e6 B."
+            ),
+            table(
+                [c[1] for c in SUMMARY_COLUMNS], [[c[2](s) for c in SUMMARY_COLUMNS] for s in run.summaries]
+            ),
+        ]
+    else:
+        config = run.header.get("config")
+        config = config if isinstance(config, dict) else {}
+        e0 = run.epochs[0]
+        what = (
+            f"{config.get('model', '?')} on {config.get('dataset', '?')}, {e0.get('world_size', '?')} ranks, "
+            f"{run.header.get('backend', '?')}"
+        )
+        blocks = [
+            Heading(text=f"Training: {what}", level=3),
+            Para(
+                text="The run stopped before its summary (the train_summary records, written once every "
+                "strategy has finished): below are the epochs it finished; there is no comparison of step "
+                "times."
+            ),
+        ]
     if run.epochs:
         blocks.append(
             table(
@@ -515,6 +534,10 @@ def training_section(run: Run, plots: _Plots) -> list[Block]:
             )
         )
     epochs, summaries = list(run.epochs), list(run.summaries)
+    if not summaries:
+        return blocks + plots.add(
+            f"{run.label}-loss", lambda p: plot_loss(epochs, p), "training loss per step (finished epochs)"
+        )
     bfile, lfile = plots.name(f"{run.label}-breakdown"), plots.name(f"{run.label}-loss")
     try:
         plot_training(epochs, summaries, plots.out_dir / bfile, plots.out_dir / lfile)
