@@ -93,3 +93,25 @@ def test_the_baseline_plot_names_dtypes_where_there_are_several(tmp_path, monkey
     argv = ["report", "-o", str(tmp_path / "out"), str(tmp_path / "now.jsonl"), "--baseline"]
     assert main([*argv, str(tmp_path / "base.jsonl")]) == 0
     assert "builtin 4K float32 sum" in labels[0] and "builtin 4K float64 sum" in labels[0], labels
+
+
+def test_several_files_holding_one_point_get_a_row_each(tmp_path):
+    """Keyed by the point (or strategy) alone, the last run and the last baseline hid the others'."""
+    for name, scale in (("a", 1.0), ("b", 3.0), ("base1", 1.0), ("base2", 0.5)):
+        summary = {"type": "train_summary", "strategy": "ring", "world_size": 2}
+        summary |= {"step_time_ms": 10.0 / scale, "images_per_s": 100.0 * scale}
+        records = [{**r, "busbw_gbps": r["busbw_gbps"] * scale} for r in BESIDE] + [summary]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    a, b, base1, base2 = (str(tmp_path / f"{n}.jsonl") for n in ("a", "b", "base1", "base2"))
+    assert main(["report", "-o", str(tmp_path / "out"), a, b, "--baseline", base1, base2]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    section = md[md.index("## Against the baseline") :].splitlines()
+    expected = {
+        ("a", "baseline base1"): "1.00",
+        ("a", "baseline base2"): "2.00",
+        ("b", "baseline base1"): "3.00",
+        ("b", "baseline base2"): "6.00",
+    }
+    for needle in ("| builtin |", "| ring | 2 |"):  # busbw ratio, images/s ratio: in the last column
+        rows = [[c.strip() for c in line.strip("|").split("|")] for line in section if needle in line]
+        assert {(r[0], r[1]): r[-1] for r in rows} == expected and len(rows) == 4, rows

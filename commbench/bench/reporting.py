@@ -646,60 +646,85 @@ def run_sections(run: Run, plots: _Plots) -> list[Block]:
 # ---- baseline -------------------------------------------------------------------------------
 
 
-def _busbw_map(runs: Sequence[Run]) -> dict[tuple, float]:
-    """busbw by (collective, ranks, algorithm, size, dtype, op): points of a float64 run are not
-    compared with a float32 baseline's."""
-    return {
-        (
-            r["collective"],
-            r["world_size"],
-            r["algorithm"],
-            r["size_bytes"],
-            str(r.get("dtype", "?")),
-            str(r.get("op") or "-"),
-        ): r["busbw_gbps"]
-        for run in runs
-        for r in run.sweeps
-    }
+def _busbw_map(runs: Sequence[Run]) -> dict[tuple, list[tuple[str, float]]]:
+    """(run label, busbw) by (collective, ranks, algorithm, size, dtype, op): points of a float64
+    run are not compared with a float32 baseline's, and a point several files hold is kept once
+    per file (keyed by the point alone, the last file's hid the others')."""
+    points: dict[tuple, list[tuple[str, float]]] = {}
+    for run in runs:
+        for r in run.sweeps:
+            key = (
+                r["collective"],
+                r["world_size"],
+                r["algorithm"],
+                r["size_bytes"],
+                str(r.get("dtype", "?")),
+                str(r.get("op") or "-"),
+            )
+            points.setdefault(key, []).append((run.label, r["busbw_gbps"]))
+    return points
 
 
-def _step_map(runs: Sequence[Run]) -> dict[tuple, dict[str, Any]]:
-    return {
-        (s["strategy"], s["world_size"], s.get("model"), s.get("batch_size")): s
-        for run in runs
-        for s in run.summaries
-    }
+def _step_map(runs: Sequence[Run]) -> dict[tuple, list[tuple[str, dict[str, Any]]]]:
+    """(run label, summary) by (strategy, ranks, model, batch), once per file as :func:`_busbw_map`."""
+    points: dict[tuple, list[tuple[str, dict[str, Any]]]] = {}
+    for run in runs:
+        for s in run.summaries:
+            points.setdefault(
+                (s["strategy"], s["world_size"], s.get("model"), s.get("batch_size")), []
+            ).append((run.label, s))
+    return points
+
+
+def _pairs(now: dict[tuple, list], base: dict[tuple, list], keys: Sequence[tuple]) -> tuple[list, bool]:
+    """([(key, (run, value), (baseline, value))] for every run and baseline holding each key, whether
+    some key is held more than once on a side (then the rows name their run and baseline)."""
+    named = any(len(now[k]) > 1 or len(base[k]) > 1 for k in keys)
+    return [(k, a, b) for k in keys for a in now[k] for b in base[k]], named
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    return a / b if b else None
 
 
 def baseline_section(runs: Sequence[Run], baselines: Sequence[Run], plots: _Plots) -> list[Block]:
-    """Ratios of this run to the baseline: busbw per size and algorithm, step time per strategy."""
+    """Ratios of this run to the baseline: busbw per size and algorithm, step time per strategy.
+    Where several files (of the runs or of the baselines) hold one point, one row per pair of them."""
     blocks: list[Block] = [
         Heading(text="Against the baseline"),
         Para(text="baseline: " + ", ".join(b.path for b in baselines)),
     ]
+    several = "Several files hold the same point: one row for each file of this run and of the baseline."
     now, base = _busbw_map(runs), _busbw_map(baselines)
     common = sorted(k for k in now if k in base)
     mixed = len({k[4:] for k in common}) > 1  # several dtypes or ops: the plot's labels name them
     if common:
+        pairs, named = _pairs(now, base, common)
+        who = ["run", "baseline"] if named else []
         rows = [
             [
+                *([a[0], b[0]] if named else []),
                 k[0],
                 str(k[1]),
                 k[2],
                 _size(k[3]),
                 k[4],
                 k[5],
-                fmt(base[k], ".3f"),
-                fmt(now[k], ".3f"),
-                fmt(now[k] / base[k] if base[k] else None, ".2f"),
+                fmt(b[1], ".3f"),
+                fmt(a[1], ".3f"),
+                fmt(_ratio(a[1], b[1]), ".2f"),
             ]
-            for k in common
+            for k, a, b in pairs
         ]
         blocks += [
             Heading(text="busbw", level=3),
-            Para(text="ratio = this run's busbw / the baseline's (above 1: faster)."),
+            Para(
+                text="ratio = this run's busbw / the baseline's (above 1: faster)."
+                + (" " + several if named else "")
+            ),
             table(
                 [
+                    *who,
                     "collective",
                     "ranks",
                     "algorithm",
@@ -716,8 +741,13 @@ def baseline_section(runs: Sequence[Run], baselines: Sequence[Run], plots: _Plot
         blocks += plots.add(
             "baseline-busbw",
             lambda p: _ratio_plot(
-                [f"{k[2]} {_size(k[3])}" + (f" {k[4]} {k[5]}" if mixed else "") for k in common],
-                [now[k] / base[k] if base[k] else None for k in common],
+                [
+                    (f"{a[0]}/{b[0]} " if named else "")
+                    + f"{k[2]} {_size(k[3])}"
+                    + (f" {k[4]} {k[5]}" if mixed else "")
+                    for k, a, b in pairs
+                ],
+                [_ratio(a[1], b[1]) for _, a, b in pairs],
                 p,
                 "busbw / baseline",
             ),
@@ -726,29 +756,30 @@ def baseline_section(runs: Sequence[Run], baselines: Sequence[Run], plots: _Plot
     now_s, base_s = _step_map(runs), _step_map(baselines)
     common_s = [k for k in now_s if k in base_s]
     if common_s:
-        rows = []
-        for k in common_s:
-            a, b = now_s[k], base_s[k]
-            rows.append(
-                [
-                    k[0],
-                    str(k[1]),
-                    str(k[2]),
-                    str(k[3]),
-                    fmt(b["step_time_ms"], ".2f"),
-                    fmt(a["step_time_ms"], ".2f"),
-                    fmt(a["step_time_ms"] / b["step_time_ms"] if b["step_time_ms"] else None, ".2f"),
-                    fmt(a["images_per_s"] / b["images_per_s"] if b["images_per_s"] else None, ".2f"),
-                ]
-            )
+        pairs_s, named_s = _pairs(now_s, base_s, common_s)
+        rows = [
+            [
+                *([a[0], b[0]] if named_s else []),
+                k[0],
+                str(k[1]),
+                str(k[2]),
+                str(k[3]),
+                fmt(b[1]["step_time_ms"], ".2f"),
+                fmt(a[1]["step_time_ms"], ".2f"),
+                fmt(_ratio(a[1]["step_time_ms"], b[1]["step_time_ms"]), ".2f"),
+                fmt(_ratio(a[1]["images_per_s"], b[1]["images_per_s"]), ".2f"),
+            ]
+            for k, a, b in pairs_s
+        ]
         blocks += [
             Heading(text="Step time", level=3),
             Para(
                 text="step-time ratio = this run / the baseline (below 1: faster); throughput ratio the "
-                "other way round."
+                "other way round." + (" " + several if named_s else "")
             ),
             table(
                 [
+                    *(["run", "baseline"] if named_s else []),
                     "strategy",
                     "ranks",
                     "model",
@@ -764,13 +795,8 @@ def baseline_section(runs: Sequence[Run], baselines: Sequence[Run], plots: _Plot
         blocks += plots.add(
             "baseline-step-time",
             lambda p: _ratio_plot(
-                [f"{k[0]} x{k[1]}" for k in common_s],
-                [
-                    now_s[k]["step_time_ms"] / base_s[k]["step_time_ms"]
-                    if base_s[k]["step_time_ms"]
-                    else None
-                    for k in common_s
-                ],
+                [(f"{a[0]}/{b[0]} " if named_s else "") + f"{k[0]} x{k[1]}" for k, a, b in pairs_s],
+                [_ratio(a[1]["step_time_ms"], b[1]["step_time_ms"]) for _, a, b in pairs_s],
                 p,
                 "step time / baseline",
             ),
