@@ -115,3 +115,17 @@ def test_several_files_holding_one_point_get_a_row_each(tmp_path):
     for needle in ("| builtin |", "| ring | 2 |"):  # busbw ratio, images/s ratio: in the last column
         rows = [[c.strip() for c in line.strip("|").split("|")] for line in section if needle in line]
         assert {(r[0], r[1]): r[-1] for r in rows} == expected and len(rows) == 4, rows
+
+
+def test_a_cluster_run_without_probed_points_keeps_its_per_host_table(tmp_path):
+    """A cluster sweep run with --no-probe (or on CUDA) has no point with computed wire bytes; the
+    section ended there, before the cluster's own per-host switch-port counts."""
+    host = {"rank": 0, "address": "10.0.0.1", "nic": "eth0", "tx_bytes": 1000, "rx_bytes": 900}
+    host |= {"computed_tx_bytes": 950, "computed_rx_bytes": 950}
+    cluster = {"type": "cluster", "hosts": [host], "link_rate_gbps": 1.0, "tc": {}, "command": "sweep"}
+    path = tmp_path / "cl.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*BESIDE, cluster]))
+    assert main(["report", "-o", str(tmp_path / "out"), str(path)]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "#### Per host" in md and "| whole run (cluster) | 0 | 10.0.0.1 | eth0 | 1,000 | 950 |" in md
+    assert "outside tolerance" not in md  # no byte-check table without checked points

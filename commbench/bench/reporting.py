@@ -383,19 +383,6 @@ def wire_section(run: Run) -> list[Block]:
     for r in run.epochs:
         if r.get("computed_wire_bytes") is not None:
             rows.append(_check_row(f"{r['strategy']} epoch {r['epoch']} (per step)", r))
-    if not rows:
-        return []
-    flagged = sum(1 for r in rows if r[-1].startswith("FLAG"))
-    blocks: list[Block] = [
-        Heading(text="Computed against measured bytes", level=3),
-        Para(
-            text="computed = the cost model's bytes on the wire per call (or per training step); measured = "
-            "the interface counters' delta less an idle baseline; ratio = measured / computed, expected = "
-            "the protocol-overhead ratio for this interconnect. "
-            + (f"{flagged} point(s) outside tolerance." if flagged else "No point outside tolerance.")
-        ),
-        table(["point", "computed (B)", "measured (B)", "ratio", "expected", "check"], rows),
-    ]
     host_rows = []
     sweep_last: dict[tuple, dict[str, Any]] = {}
     for r in run.sweeps:  # per host: the largest size of each algorithm is enough to read the split
@@ -415,6 +402,20 @@ def wire_section(run: Run) -> list[Block]:
     for c in run.clusters:
         for h in c.get("hosts", []):
             host_rows.append(_host_row("whole run (cluster)", h, ["-", "-"]))
+    if not rows and not host_rows:
+        return []
+    blocks: list[Block] = [Heading(text="Computed against measured bytes", level=3)]
+    if rows:  # none where no point was probed (--no-probe; the cluster still counts each host's port)
+        flagged = sum(1 for r in rows if r[-1].startswith("FLAG"))
+        blocks += [
+            Para(
+                text="computed = the cost model's bytes on the wire per call (or per training step); "
+                "measured = the interface counters' delta less an idle baseline; ratio = measured / "
+                "computed, expected = the protocol-overhead ratio for this interconnect. "
+                + (f"{flagged} point(s) outside tolerance." if flagged else "No point outside tolerance.")
+            ),
+            table(["point", "computed (B)", "measured (B)", "ratio", "expected", "check"], rows),
+        ]
     if host_rows:
         blocks += [
             Heading(text="Per host", level=4),
