@@ -579,7 +579,7 @@ def _endless(argv: list[str], **kwargs):
 
 
 def _endless_sweep(tmp_path: Path):
-    argv = ["sweep", "-b", "4K", "-e", "4K", "-n", "100000000", "-w", "1", "-q", "--no-probe"]
+    argv = ["sweep", "-b", "4K", "-e", "4K", "-n", "1000000", "-w", "1", "-q", "--no-probe"]
     return _endless([sys.executable, "-m", "commbench", *argv, "--json", str(tmp_path / "r.jsonl")])
 
 
@@ -672,7 +672,7 @@ from commbench.bench import cli, starter
 
 if __name__ == "__main__":
     starter.PRELOAD = (*starter.PRELOAD, "tests.slow_fork")
-    argv = ["sweep", "-b", "4K", "-e", "4K", "-n", "100000000", "-w", "1", "-q", "--no-probe"]
+    argv = ["sweep", "-b", "4K", "-e", "4K", "-n", "1000000", "-w", "1", "-q", "--no-probe"]
     sys.exit(cli.main([*argv, "--json", sys.argv[1]]))
 """
 
@@ -720,7 +720,7 @@ def monitor_then_drop(self, group):
 
 if __name__ == "__main__":
     local_elastic_agent.LocalElasticAgent._monitor_workers = monitor_then_drop
-    argv = ["sweep", "-b", "4K", "-e", "4K", "-n", "100000000", "-w", "1", "-q", "--no-probe"]
+    argv = ["sweep", "-b", "4K", "-e", "4K", "-n", "1000000", "-w", "1", "-q", "--no-probe"]
     sys.exit(cli.main([*argv, "--json", sys.argv[1]]))
 """
 

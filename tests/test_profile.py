@@ -203,7 +203,7 @@ def test_a_stopped_profile_stops_every_child_and_keeps_the_profiles(py_spy, tmp_
     with open(log, "w") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "commbench", "profile", "-o", str(out), "--no-native", "--",
-             "sweep", "--world-size", "2", "-b", "4K", "-e", "4K", "-n", "100000000", "-w", "1", "-q"],
+             "sweep", "--world-size", "2", "-b", "4K", "-e", "4K", "-n", "1000000", "-w", "1", "-q"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
         )  # fmt: skip
     top = psutil.Process(proc.pid)
