@@ -250,3 +250,27 @@ def test_unwritable_output_is_one_line_before_the_run(out, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"cannot write to {out}" in err
     assert started == []  # neither py-spy's check nor the command ran
+
+
+def test_a_profile_whose_recorders_all_fail_says_so_and_exits_1(tmp_path, monkeypatch, capsys):
+    """py-spy attaches for the check but every recorder fails (its error only in its log): profile
+    printed a table of zero samples, named collapsed-stack files that did not exist, and exited 0."""
+    fake = tmp_path / "py-spy"
+    fake.write_text(
+        '#!/bin/sh\nif [ "$1" = dump ]; then exit 0; fi\necho "Error: Failed to attach" >&2; exit 1\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(profile, "find_py_spy", lambda: str(fake))
+    out = tmp_path / "prof"
+    argv = ["profile", "-o", str(out), "--", "sweep", "--world-size", "2", "-b", "1K", "-e", "1K"]
+    assert main([*argv, "-n", "2", "-w", "1", "-q", "--no-probe"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    for rank in (0, 1):
+        assert any(
+            line.startswith(f"commbench: profile: rank {rank} ")
+            and line.endswith("py-spy: Error: Failed to attach")
+            for line in lines
+        ), lines
+    assert lines[-1].startswith("commbench: profile: no rank was sampled") and len(lines) == 3

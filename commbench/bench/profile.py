@@ -138,9 +138,22 @@ class RankProfile:
     raw_path: str
     profile_path: str | None
     top: dict[str, list[tuple[str, int]]]
+    log_path: str | None = None  # py-spy's own output for this rank
 
     def share(self, category: str) -> float:
         return getattr(self, category) / self.samples if self.samples else 0.0
+
+    def failure(self) -> str:
+        """Why this rank has no samples: the last line py-spy wrote, or that it wrote none."""
+        text = ""
+        if self.log_path:
+            with contextlib.suppress(OSError):
+                text = Path(self.log_path).read_text(errors="replace")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if lines:
+            return f"py-spy: {lines[-1]}"
+        raw = Path(self.raw_path)
+        return "no main-thread samples" if raw.exists() and raw.stat().st_size else "py-spy recorded nothing"
 
 
 # ---- py-spy ---------------------------------------------------------------------------------
@@ -367,7 +380,9 @@ def _leaf(frames: Sequence[str]) -> str:
     return (python[-1] if python else frames[-1]).strip()
 
 
-def summarise(rank: int, pid: int, raw: Path, native: bool, profile_path: str | None) -> RankProfile:
+def summarise(
+    rank: int, pid: int, raw: Path, native: bool, profile_path: str | None, log: Path | None = None
+) -> RankProfile:
     """Split one rank's main-thread samples into the three categories."""
     stacks = parse_collapsed(raw.read_text().splitlines()) if raw.exists() else []
     counts = dict.fromkeys(CATEGORIES, 0)
@@ -388,6 +403,7 @@ def summarise(rank: int, pid: int, raw: Path, native: bool, profile_path: str | 
         raw_path=str(raw),
         profile_path=profile_path,
         top=top,
+        log_path=None if log is None else str(log),
         **counts,
     )
 
@@ -515,7 +531,7 @@ def run_profile(
                 converted = rec.raw.with_suffix(".svg")
                 write_flamegraph(stacks, converted, name)
         profiles.append(
-            summarise(rec.rank, rec.pid, rec.raw, rec.native, str(converted) if converted else None)
+            summarise(rec.rank, rec.pid, rec.raw, rec.native, str(converted) if converted else None, rec.log)
         )
     summary = {
         "command": ["commbench", *config.inner],
@@ -594,6 +610,18 @@ def run(args: argparse.Namespace) -> int:
         return code
     if not profiles:
         print(f"# profile: no rank process was seen (the command exited with {code})")
+        return code or 1
+    for p in profiles:
+        if not p.samples:
+            print(
+                f"commbench: profile: rank {p.rank} (pid {p.pid}) has no samples: {p.failure()}",
+                file=sys.stderr,
+            )
+    if not any(p.samples for p in profiles):
+        print(
+            f"commbench: profile: no rank was sampled; py-spy's output is in {config.out_dir}/",
+            file=sys.stderr,
+        )
         return code or 1
     print(f"# commbench profile: {len(profiles)} rank(s), {config.rate_hz} Hz, main thread incl. idle waits")
     print(summary_table(profiles))
