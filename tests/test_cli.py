@@ -1065,3 +1065,40 @@ def test_the_demo_under_a_launcher_is_refused(monkeypatch, capsys, tmp_path):
     assert main(["demo", "-q"]) == 2
     assert "commbench demo starts its own two ranks" in capsys.readouterr().err
     assert not (tmp_path / "results").exists()
+
+
+def test_a_plot_format_that_needs_latex_is_refused_before_the_run():
+    """--plot out.pgf ran the whole sweep, then failed without xelatex (exit 1)."""
+    from commbench.bench.records import check_outputs
+
+    with pytest.raises(ValueError, match=r"cannot plot to r\.pgf: the name must end in one of"):
+        check_outputs(plot="r.pgf", writes=False)
+
+
+def test_a_plot_that_fails_after_the_sweep_is_a_note_not_a_failed_run(tmp_path, monkeypatch, capsys):
+    """The measurements are written before the plot is drawn: a plot that fails costs the plot only."""
+    import torch.distributed as dist
+
+    from commbench.bench import cli, report
+    from commbench.bench.sweep import SweepConfig
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("latex was not able to process the following string:\nb'lp'")
+
+    monkeypatch.setattr(report, "plot_busbw", fails)
+    out = tmp_path / "r.jsonl"
+    config = SweepConfig(
+        algorithms=("builtin",), min_bytes=1024, max_bytes=1024, iters=1, warmup=1, probe=False, limit=False,
+        json_path=str(out), quiet=True,
+    )  # fmt: skip
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        rows = cli._sweep_rank(config, "cpu", str(tmp_path / "busbw.png"))
+    finally:
+        dist.destroy_process_group()
+    assert [r["algorithm"] for r in rows] == ["builtin"]
+    assert [json.loads(line)["type"] for line in out.read_text().splitlines()] == ["header", "sweep"]
+    plot = tmp_path / "busbw.png"
+    assert capsys.readouterr().err == (
+        f"commbench: plot {plot} not written: latex was not able to process the following string:\n"
+    )

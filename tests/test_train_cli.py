@@ -146,3 +146,29 @@ def test_an_error_inside_the_ranks_is_one_line_too():
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1, out.stderr
     assert "failed: ValueError: 1 samples do not make one batch" in out.stderr
+
+
+def test_a_plot_that_fails_after_training_is_a_note_not_a_failed_run(tmp_path, monkeypatch, capsys) -> None:
+    """As for a sweep: the epochs and summaries are written before the plot is drawn."""
+    import torch.distributed as dist
+
+    from commbench.bench import report, train
+    from commbench.bench.cli import build_parser
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("cannot save\nsecond line")
+
+    monkeypatch.setattr(report, "plot_training", fails)
+    out, plot = tmp_path / "t.jsonl", tmp_path / "t.png"
+    args = build_parser().parse_args(
+        ["train", "--model", "mlp", "--samples", "64", "--batch-size", "16", "--steps-per-epoch", "1",
+         "--epochs", "1", "--no-eval", "--no-probe", "-q", "--plot", str(plot), "--json", str(out)]
+    )  # fmt: skip
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        rows = train._train_rank(train.train_config(args), "cpu")
+    finally:
+        dist.destroy_process_group()
+    assert len(rows) == 1
+    assert [json.loads(line)["type"] for line in out.read_text().splitlines()][-1] == "train_summary"
+    assert capsys.readouterr().err == f"commbench: plot {plot} not written: cannot save\n"

@@ -291,14 +291,16 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None) -> list[dict]:
             sink.close()
     rows = [dataclasses.asdict(r) for r in records]
     if sink is not None and plot_path:
+        from commbench.bench.records import plot_or_note
         from commbench.bench.report import plot_busbw
 
         title = f"{config.collective}, {dist.get_world_size()} ranks, {dist.get_backend()}"
-        plot_busbw(rows, plot_path, title)
+        plot_or_note(lambda: plot_busbw(rows, plot_path, title), plot_path)
         if sink.probe_record is not None:
             from commbench.bench.report import plot_probe_timeline, timeline_path
 
-            plot_probe_timeline(sink.probe_record, timeline_path(plot_path), title)
+            timeline = timeline_path(plot_path)
+            plot_or_note(lambda: plot_probe_timeline(sink.probe_record, timeline, title), timeline)
     return rows
 
 

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -111,11 +112,16 @@ def check_distinct(**paths: str | None) -> None:
         seen[key] = name
 
 
+# Formats matplotlib lists but cannot write by itself: pgf runs LaTeX (xelatex), and failed only
+# once the whole run had finished.
+PLOT_FORMATS_REFUSED = ("pgf",)
+
+
 def _check_plot_format(path: str | Path) -> None:
     """Raise ValueError unless ``path`` is a file name matplotlib can save a plot as."""
     from matplotlib.backend_bases import FigureCanvasBase
 
-    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    formats = sorted(set(FigureCanvasBase.get_supported_filetypes()) - set(PLOT_FORMATS_REFUSED))
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in formats:
         raise ValueError(
@@ -172,6 +178,19 @@ class RecordWriter:
         for f in (self._json, self._csv_file):
             if f:
                 f.close()
+
+
+def plot_or_note(draw: Callable[[], None], path: str | Path) -> bool:
+    """Call ``draw`` (which writes the plot ``path``); a failure becomes one line on stderr rather
+    than a failed run, since the plot comes after the measurements, which are written by then.
+    Returns whether the plot was drawn."""
+    try:
+        draw()
+    except Exception as exc:  # whatever the plotting library raises, the run's records stand
+        reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        print(f"commbench: plot {path} not written: {reason}", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def complete_lines(text: str, path: str | Path) -> tuple[list[str], str | None]:

@@ -250,13 +250,15 @@ def _train_rank(config: Any, device: str) -> list[dict]:
         if probe_record is not None:
             say(overhead_line(probe_record))
     if rank0 and config.plot_path:
+        from commbench.bench.records import plot_or_note
         from commbench.bench.report import plot_training
 
-        plot_training(epochs, rows, *plot_paths(config.plot_path))
+        plot_or_note(lambda: plot_training(epochs, rows, *plot_paths(config.plot_path)), config.plot_path)
         if probe_record is not None:
             from commbench.bench.report import plot_probe_timeline, timeline_path
 
-            plot_probe_timeline(probe_record, timeline_path(config.plot_path), config.model)
+            timeline = timeline_path(config.plot_path)
+            plot_or_note(lambda: plot_probe_timeline(probe_record, timeline, config.model), timeline)
     return rows
 
 
