@@ -512,3 +512,31 @@ def test_a_stop_signal_ends_the_run_and_cleans_up(tmp_path, signum):
     assert err == f"commbench: interrupted; nothing had finished, {out} holds no points\n"
     _assert_clean(proc.pid, before)
     assert list(tmp_path.glob("commbench-*")) == []
+
+
+@pytest.mark.parametrize("tail", ["cut", "whole"])
+def test_the_cluster_record_is_appended_after_a_line_cut_short(tmp_path, monkeypatch, capsys, tail):
+    """A stop can leave the inner run's last line cut short; the cluster record, appended to it,
+    made that line and so the whole file unreadable ("not JSON Lines: line 3"). A cut line is
+    dropped, as readers drop it; a whole last record without its newline is kept."""
+    from commbench.bench import reporting
+
+    monkeypatch.setattr(netns, "check_privileges", lambda: None)
+    out = tmp_path / "r.jsonl"
+    point = {"type": "sweep", "collective": "all_reduce", "algorithm": "ring", "world_size": 2}
+    point |= {"size_bytes": 1024, "busbw_gbps": 0.5}
+    last = json.dumps(point)
+
+    def run_hosts(config, argv, work):
+        head = json.dumps({"type": "header"}) + "\n" + json.dumps(point) + "\n"
+        out.write_text(head + (last[: len(last) // 2] if tail == "cut" else last))
+        return {0: (1000, 2000), 1: (2000, 1000)}
+
+    monkeypatch.setattr(cluster, "run_hosts", run_hosts)
+    argv = ["cluster", "--hosts", "2", "--", "sweep", "-b", "1K", "-e", "1K", "-q", "--json", str(out)]
+    assert cli.main(argv) == 0
+    run = reporting.load_run(out)
+    assert len(run.sweeps) == (1 if tail == "cut" else 2)
+    assert [h["tx_bytes"] for h in run.clusters[0]["hosts"]] == [1000, 2000]
+    err = capsys.readouterr().err.splitlines()  # the reading of the records notes the cut line
+    assert len(err) == (tail == "cut") and all(f"{out}: the last line is cut short" in line for line in err)

@@ -196,8 +196,9 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
                 command=shlex.join(config.inner),
             )
             if getattr(inner, "json", None):
-                with open(inner.json, "a") as f:
-                    f.write(json.dumps(dataclasses.asdict(record)) + "\n")
+                from commbench.bench.records import append_record
+
+                append_record(inner.json, dataclasses.asdict(record))
         if stopped:
             raise Interrupted(stopped[0])
         if not getattr(inner, "quiet", False):  # -q on the command: no tables, the cluster's neither

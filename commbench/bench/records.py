@@ -180,6 +180,25 @@ class RecordWriter:
                 f.close()
 
 
+def append_record(path: str | Path, row: dict[str, Any]) -> None:
+    """Append one record to the JSON Lines file ``path`` (made if missing). A last line that a
+    stopped write cut short (no newline after it, not JSON) is dropped first, as readers leave it
+    out (:func:`complete_lines`): appended to it, the record made the line, and so the file,
+    unreadable."""
+    with open(path, "a+b") as f:
+        f.seek(0)
+        text = f.read()
+        if text and not text.endswith(b"\n"):
+            start = text.rfind(b"\n") + 1
+            try:
+                json.loads(text[start:])
+            except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
+                f.truncate(start)
+            else:
+                f.write(b"\n")  # a whole record without its newline: kept
+        f.write((json.dumps(row) + "\n").encode())
+
+
 def plot_or_note(draw: Callable[[], None], path: str | Path) -> bool:
     """Call ``draw`` (which writes the plot ``path``); a failure becomes one line on stderr rather
     than a failed run, since the plot comes after the measurements, which are written by then.
