@@ -104,6 +104,14 @@ def test_baseline_shows_ratios(recorded, tmp_path):
         ('{"type": "header"}\n', "holds no commbench records"),
         ('{"type": "sweep", "collective": "all_reduce"}\n', "not written by commbench"),
         ('{"type": "bandwidth", "name": "host->host"}\n', "not written by commbench"),
+        (  # the baseline's comparison read it: a KeyError traceback
+            '{"type": "sweep", "collective": "all_reduce", "algorithm": "ring", "size_bytes": 4, '
+            '"busbw_gbps": 1.0}\n',
+            "without 'world_size'",
+        ),
+        ('{"type": "cluster", "hosts": ["10.0.0.1"]}\n', "hosts are not a list of objects"),
+        ('{"type": "probe", "summary": [1, 2]}\n', "summary is not an object"),
+        ('{"type": "probe", "summary": {"gpus": [3]}}\n', "gpus are not a list of objects"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, content, needle):
@@ -113,6 +121,16 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, content, needle):
     assert main(["report", str(path), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
+
+
+def test_a_probe_summary_without_a_mean_shows_a_dash(tmp_path):
+    """st["mean"] on a summary entry holding only its max was a KeyError traceback."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"type": "probe", "summary": {"cpu_user_pct": {"max": 1}, "rss_bytes": "x"}}\n')
+    assert main(["report", str(path), "-o", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| machine CPU user | % of all cores | - | 1.0 |" in md
+    assert "| rank-0 resident memory | MB | - | - |" in md
 
 
 def test_bandwidth_records_make_a_copy_table(tmp_path):

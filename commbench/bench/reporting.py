@@ -187,7 +187,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     if not any(by.get(k) for k in known):
         raise ValueError(f"{p} holds no commbench records (sweep, epoch, train_summary, probe or bandwidth)")
     for kind, keys in (
-        ("sweep", ("collective", "algorithm", "size_bytes", "busbw_gbps")),
+        ("sweep", ("collective", "algorithm", "world_size", "size_bytes", "busbw_gbps")),
         ("train_summary", ("strategy", "world_size", "step_time_ms", "images_per_s")),
         ("epoch", ("strategy", "epoch", "step_losses")),
         ("bandwidth", ("name", "size_bytes", "time_s", "gbps")),
@@ -196,6 +196,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             missing = next((k for k in keys if k not in r), None)
             if missing:
                 raise ValueError(f"{p} has a {kind} record without {missing!r}: not written by commbench")
+    for r in records:
+        _check_shapes(p, r)
     headers = by.get("header", [])
     if note:
         print(note, file=sys.stderr)
@@ -210,6 +212,32 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         clusters=tuple(by.get("cluster", [])),
         bandwidths=tuple(by.get("bandwidth", [])),
     )
+
+
+def _check_shapes(path: Path, r: dict[str, Any]) -> None:
+    """ValueError (one line) where a record's nested fields the report reads have the wrong shape:
+    hosts a list of objects, a probe's summary an object (null stands for not measured)."""
+    kind = r.get("type")
+    hosts = r.get("hosts")
+    if kind in ("sweep", "epoch", "cluster") and hosts is not None:
+        if not isinstance(hosts, list) or not all(isinstance(h, dict) for h in hosts):
+            raise ValueError(f"{path} has a {kind} record whose hosts are not a list of objects")
+    summary = r.get("summary")
+    if kind == "probe" and summary is not None:
+        if not isinstance(summary, dict):
+            raise ValueError(f"{path} has a probe record whose summary is not an object")
+        gpus = summary.get("gpus")
+        if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, dict) for g in gpus)):
+            raise ValueError(f"{path} has a probe record whose summary's gpus are not a list of objects")
+
+
+def _mean_max(st: Any, scale: float) -> list[str]:
+    """A probe summary's mean and max of one quantity, scaled; '-' for what is not there."""
+    if not isinstance(st, dict):
+        return ["-", "-"]
+    return [
+        fmt(v * scale if isinstance(v, int | float) else None, ".1f") for v in (st.get("mean"), st.get("max"))
+    ]
 
 
 # ---- formatting -----------------------------------------------------------------------------
@@ -400,7 +428,7 @@ def wire_section(run: Run) -> list[Block]:
             cpu = [fmt(h.get("cpu_user"), ".4f"), fmt(h.get("cpu_system"), ".4f")]
             host_rows.append(_host_row(label, h, cpu))
     for c in run.clusters:
-        for h in c.get("hosts", []):
+        for h in c.get("hosts") or []:
             host_rows.append(_host_row("whole run (cluster)", h, ["-", "-"]))
     if not rows and not host_rows:
         return []
@@ -571,22 +599,14 @@ def probe_section(run: Run, plots: _Plots) -> list[Block]:
             ("nic_tx_bytes_per_s", f"{probe.get('nic') or 'interface'} sent", 1e-6, "MB/s"),
             ("nic_rx_bytes_per_s", f"{probe.get('nic') or 'interface'} received", 1e-6, "MB/s"),
         ):
-            st = s.get(key)
-            rows.append(
-                [label, unit]
-                + ([fmt(st["mean"] * scale, ".1f"), fmt(st["max"] * scale, ".1f")] if st else ["-", "-"])
-            )
+            rows.append([label, unit, *_mean_max(s.get(key), scale)])
         for g in s.get("gpus") or []:
             for key, label, scale, unit in (
                 ("gpu_util_pct", "utilisation", 1, "%"),
                 ("memory_used_bytes", "memory used", 1e-6, "MB"),
                 ("power_w", "power", 1, "W"),
             ):
-                st = g.get(key)
-                rows.append(
-                    [f"GPU {g.get('index')} {label}", unit]
-                    + ([fmt(st["mean"] * scale, ".1f"), fmt(st["max"] * scale, ".1f")] if st else ["-", "-"])
-                )
+                rows.append([f"GPU {g.get('index')} {label}", unit, *_mean_max(g.get(key), scale)])
         blocks += [
             Heading(text="Probe timeline" + (f" {i}" if len(run.probes) > 1 else ""), level=3),
             Para(
