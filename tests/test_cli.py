@@ -243,6 +243,8 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
     "content,needle",
     [
         ("3\n", "not a JSON object"),
+        # the file's line, not the record's
+        ('{"type": "header"}\n\n\n[1, 2]\n', "line 4 is not a JSON object"),
         ('{"type": "sweep"}\n', "without 'collective'"),
         ("{oops\n", "not JSON Lines: line 1, column 2: Expecting property name"),
         ('{"type": "header"}\n\n{"type": "sweep"}\n{oops\n', "not JSON Lines: line 4, column 2"),

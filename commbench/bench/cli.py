@@ -373,10 +373,10 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
     """(header, records) of a file written by ``commbench sweep --json``; ValueError otherwise."""
     import json
 
-    from commbench.bench.records import read_records
+    from commbench.bench.records import numbered_records
 
     try:
-        records, note = read_records(path)
+        numbered, note = numbered_records(path)
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
@@ -384,9 +384,10 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
         raise ValueError(f"{path} is not JSON Lines: {where}: {exc.msg}") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not JSON Lines: not UTF-8 text") from None
-    bad = next((i for i, r in enumerate(records, 1) if not isinstance(r, dict)), None)
+    bad = next((line for line, r in numbered if not isinstance(r, dict)), None)
     if bad is not None:
         raise ValueError(f"{path} line {bad} is not a JSON object")
+    records = [r for _, r in numbered]
     sweep = [r for r in records if r.get("type") == "sweep"]
     missing = next((k for r in sweep for k in SUMMARY_KEYS if k not in r), None)
     if missing:

@@ -232,8 +232,9 @@ def complete_lines(text: str, path: str | Path) -> tuple[list[str], str | None]:
     return lines, None
 
 
-def read_records(path: str | Path) -> tuple[list[Any], str | None]:
-    """(every value of a JSON Lines file, in order; the note of :func:`complete_lines`). A
+def numbered_records(path: str | Path) -> tuple[list[tuple[int, Any]], str | None]:
+    """([(its line in the file, value)] for every value of a JSON Lines file, in order; the note of
+    :func:`complete_lines`). Blank lines count, so a message can name the line an editor shows. A
     JSONDecodeError gives the file's line."""
     records = []
     lines, note = complete_lines(Path(path).read_text(), path)
@@ -241,11 +242,17 @@ def read_records(path: str | Path) -> tuple[list[Any], str | None]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            records.append((number, json.loads(line)))
         except json.JSONDecodeError as exc:  # numbered within its line: renumber in the file
             doc = "\n" * (number - 1) + line
             raise json.JSONDecodeError(exc.msg, doc, exc.pos + number - 1) from None
     return records, note
+
+
+def read_records(path: str | Path) -> tuple[list[Any], str | None]:
+    """(every value of a JSON Lines file, in order; the note of :func:`complete_lines`)."""
+    numbered, note = numbered_records(path)
+    return [value for _, value in numbered], note
 
 
 def read_jsonl(path: str | Path) -> list[Any]:
