@@ -160,12 +160,31 @@ def test_missing_py_spy_is_one_line():
         profile.check_py_spy(None)
 
 
-def test_a_run_that_cannot_profile_leaves_no_directory(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("out", ["profiles", "a/b/profiles"])
+def test_a_run_that_cannot_profile_leaves_no_directory(tmp_path, monkeypatch, capsys, out):
+    """Nor the parents it made for it (a/b was left behind)."""
     monkeypatch.setattr(profile, "find_py_spy", lambda: None)
-    out = tmp_path / "profiles"
-    assert main(["profile", "-o", str(out), "--", "sweep", "--world-size", "2"]) == 2
+    assert main(["profile", "-o", str(tmp_path / out), "--", "sweep", "--world-size", "2"]) == 2
     assert "py-spy not found" in capsys.readouterr().err
-    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def _fake_py_spy(where: Path) -> str:
+    """A py-spy that attaches for the check (dump) but whose recorders fail, as py-spy's would."""
+    where.mkdir(exist_ok=True)
+    fake = where / "py-spy"
+    fake.write_text(
+        '#!/bin/sh\nif [ "$1" = dump ]; then exit 0; fi\necho "Error: Failed to attach" >&2; exit 1\n'
+    )
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_bad_input_to_the_profiled_command_leaves_no_parents_either(tmp_path, monkeypatch):
+    fake = _fake_py_spy(tmp_path / "bin")
+    monkeypatch.setattr(profile, "find_py_spy", lambda: fake)
+    assert main(["profile", "-o", str(tmp_path / "a" / "b" / "prof"), "--", "sweep", "-b", "0"]) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["bin"]
 
 
 @pytest.mark.parametrize("command", ["bandwidth", "summary", "study"])
@@ -255,12 +274,8 @@ def test_unwritable_output_is_one_line_before_the_run(out, capsys, monkeypatch):
 def test_a_profile_whose_recorders_all_fail_says_so_and_exits_1(tmp_path, monkeypatch, capsys):
     """py-spy attaches for the check but every recorder fails (its error only in its log): profile
     printed a table of zero samples, named collapsed-stack files that did not exist, and exited 0."""
-    fake = tmp_path / "py-spy"
-    fake.write_text(
-        '#!/bin/sh\nif [ "$1" = dump ]; then exit 0; fi\necho "Error: Failed to attach" >&2; exit 1\n'
-    )
-    fake.chmod(0o755)
-    monkeypatch.setattr(profile, "find_py_spy", lambda: str(fake))
+    fake = _fake_py_spy(tmp_path)
+    monkeypatch.setattr(profile, "find_py_spy", lambda: fake)
     out = tmp_path / "prof"
     argv = ["profile", "-o", str(out), "--", "sweep", "--world-size", "2", "-b", "1K", "-e", "1K"]
     assert main([*argv, "-n", "2", "-w", "1", "-q", "--no-probe"]) == 1

@@ -329,6 +329,30 @@ def output_dir(path: str) -> Path:
     return out
 
 
+def _first_missing(path: Path) -> Path | None:
+    """The highest directory of ``path`` (itself included) that does not exist: the top of what
+    making it with its parents makes. None when it exists."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing = p
+    return missing
+
+
+def _remove_made(out: Path, top: Path | None, whole: bool) -> None:
+    """Remove ``out`` (with what it holds where ``whole``, else only if empty) and the parents made
+    for it, up to ``top`` (:func:`_first_missing` before it was made); nothing when ``top`` is None."""
+    if top is None:
+        return
+    if whole:
+        shutil.rmtree(out, ignore_errors=True)
+    made = [out, *out.parents]
+    for p in made[: made.index(top) + 1]:
+        with contextlib.suppress(OSError):  # not empty: something else is in it now
+            p.rmdir()
+
+
 def _start(py_spy: str, config: ProfileConfig, out: Path, rank: int, pid: int, native: bool) -> _Recorder:
     raw = out / f"rank{rank}-pid{pid}.txt"
     log = out / f"rank{rank}-pid{pid}.log"
@@ -493,7 +517,8 @@ def run_profile(
     """Check the output directory and py-spy, run and record, then summarise and convert each rank's
     profile; returns the inner command's exit code, the profiles, and the signal (SIGINT or SIGTERM)
     that stopped the run early, or None."""
-    made = not Path(config.out_dir).exists()
+    out = Path(config.out_dir)
+    made = _first_missing(out)  # what output_dir makes, parents included
     output_dir(config.out_dir)
     py_spy = py_spy or find_py_spy()
     # SIGHUP too: the inner command runs in a session of its own, so a closed terminal reaches only
@@ -502,9 +527,7 @@ def run_profile(
         try:
             check_py_spy(py_spy)
         except ValueError:
-            if made:  # a run that cannot profile leaves no empty directory behind
-                with contextlib.suppress(OSError):
-                    Path(config.out_dir).rmdir()
+            _remove_made(out, made, whole=False)  # a run that cannot profile leaves no empty directory
             raise
         assert py_spy is not None
         if stop:  # before the run began: nothing to keep
@@ -515,8 +538,7 @@ def run_profile(
     stopped = stop[0] if stop else None
     if code == BAD_INPUT and not recorders and stopped is None:
         # The inner command refused its input, in its own one line, before starting a rank.
-        if made:
-            shutil.rmtree(config.out_dir, ignore_errors=True)
+        _remove_made(out, made, whole=True)
         return code, [], None
     profiles = []
     for rec in recorders:
