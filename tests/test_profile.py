@@ -56,6 +56,25 @@ def test_classify_frames():
     assert stacks == [(["a (x.py:1)", "b (y.py:2)"], 7), (["c (z.py:3)"], 2)]
 
 
+def test_classify_does_not_take_names_alike_for_communication():
+    """Bare "broadcast" and "wait (" took mse_loss's broadcast_tensors and any threading wait for
+    communication; a gradient sync waiting for its transport thread's allreduce is communication."""
+    loss = [
+        "step (loop.py:1)",
+        "mse_loss (torch/nn/functional.py:4320)",
+        "broadcast_tensors (torch/functional.py:76)",
+    ]
+    assert profile.classify(loss) == "compute"
+    for wait in ("Event.wait (threading.py:629)", "Barrier.wait (threading.py:700)"):
+        stack = ["<module> (x.py:1)", "run (y.py:2)", wait, "Condition.wait (threading.py:331)"]
+        assert profile.classify(stack) == "elsewhere", wait
+    sync = ["step (commbench/trainers/loop.py:1)", "after_backward (commbench/trainers/sync.py:230)"]
+    stack = [*sync, "Event.wait (threading.py:629)", "Condition.wait (threading.py:331)"]
+    assert profile.classify(stack) == "communication"
+    c10d = ["step (loop.py:1)", "broadcast (torch/distributed/distributed_c10d.py:2700)"]
+    assert profile.classify(c10d) == "communication"
+
+
 FORK_SERVER = ["python", "-c", "from multiprocessing.forkserver import main; main(3, 5, ['torch'])"]
 
 

@@ -35,8 +35,10 @@ POLL_S = 0.05
 BAD_INPUT = 2  # the exit code of a commbench command that refused its arguments
 STOP_GRACE_S = 20.0
 
-# Frames that mean "waiting for or moving bytes": commbench's collectives and sync strategies, torch's
-# collectives and work handles, and the backends' native code.
+# Frames that mean "waiting for or moving bytes": commbench's collectives, torch.distributed's
+# collectives, work handles and comm hooks (by file), and the backends' native code. Not bare
+# names such as "broadcast" or "wait (": they matched torch.functional's broadcast_tensors (under
+# mse_loss) and any threading wait.
 COMM_PATTERNS = (
     "commbench/comm/",
     "comm/ring.py",
@@ -48,21 +50,17 @@ COMM_PATTERNS = (
     "comm/builtin.py",
     "distributed_c10d.py",
     "c10d_logger.py",
+    "torch/distributed/_functional_collectives",
+    "torch/distributed/algorithms/",
     "Work.wait",
-    "wait (",
     "gloo",
     "nccl",
     "c10d::",
     "ProcessGroup",
-    "all_reduce",
-    "allreduce",
-    "broadcast",
-    "all_gather",
-    "reduce_scatter",
-    "barrier",
-    "send (",
-    "recv (",
 )
+# A threading wait is communication where a gradient-sync strategy makes it: the main thread
+# waiting for the transport thread's allreduce of a bucket.
+COMM_WAITERS = ("commbench/trainers/sync.py",)
 # Setup (imports, joining and leaving the group) is neither, even where it runs torch code.
 SETUP_PATTERNS = (
     "init_process_group",
@@ -392,11 +390,25 @@ def classify(frames: Sequence[str]) -> str:
     text = ";".join(frames)
     if any(p in text for p in SETUP_PATTERNS):
         return "elsewhere"
-    if any(p in text for p in COMM_PATTERNS):
+    if any(p in text for p in COMM_PATTERNS) or _waits_for_comm(frames):
         return "communication"
     if any(p in text for p in COMPUTE_PATTERNS):
         return "compute"
     return "elsewhere"
+
+
+def _waits_for_comm(frames: Sequence[str]) -> bool:
+    """True where a frame of :data:`COMM_WAITERS` calls a threading wait, as py-spy names it
+    ``Event.wait (threading.py:629)``."""
+    for caller, callee in zip(frames, frames[1:], strict=False):
+        name, _, where = callee.partition(" (")
+        if (
+            "threading.py" in where
+            and name.rpartition(".")[2] == "wait"
+            and any(w in caller for w in COMM_WAITERS)
+        ):
+            return True
+    return False
 
 
 def _leaf(frames: Sequence[str]) -> str:
