@@ -161,3 +161,18 @@ def test_a_run_stopped_before_its_summary_keeps_its_epochs(recorded, tmp_path):
     ]
     assert len(rows) == len(epochs)
     assert "stopped-loss.png" in _images(md) and (out / "stopped-loss.png").exists()
+
+
+def test_plots_that_fail_halfway_leave_no_figure_open(tmp_path):
+    """A plot that raised after its figure was made (records without the breakdown's phases, a step
+    time that is not a number) left the figure open in pyplot: a report of many runs piled them up."""
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+    summary = {"type": "train_summary", "strategy": "ring", "world_size": 2}
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps(summary | {"step_time_ms": "slow", "images_per_s": 100.0}) + "\n")
+    assert main(["report", str(path), "-o", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "(training plots not drawn: 'data_ms')" in md and "(plot s-throughput.png not drawn:" in md
+    assert plt.get_fignums() == []

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 _COLS = (
@@ -61,34 +62,44 @@ def table_rows(records: Sequence[Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_busbw(records: Sequence[dict[str, Any]], path: str, title: str = "") -> None:
-    """busbw against size (log2 x axis), one line per algorithm, the limit dashed."""
+@contextlib.contextmanager
+def _figure(*args: Any, **kwargs: Any) -> Iterator[tuple[Any, Any]]:
+    """``plt.subplots(*args, **kwargs)`` (Agg, no display), closed however the drawing ends: a plot
+    that failed halfway kept its figure open in pyplot for the rest of the process."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, ax = plt.subplots(*args, **kwargs)
+    try:
+        yield fig, ax
+    finally:
+        plt.close(fig)
+
+
+def plot_busbw(records: Sequence[dict[str, Any]], path: str, title: str = "") -> None:
+    """busbw against size (log2 x axis), one line per algorithm, the limit dashed."""
     series: dict[str, list[tuple[int, float]]] = {}
     sweep = [r for r in records if r.get("type") == "sweep"]
     beside = any(r["collective"] != "sendrecv" for r in sweep)
     for r in sweep:
         name = "limit (send/recv)" if r["collective"] == "sendrecv" and beside else r["algorithm"]
         series.setdefault(name, []).append((r["size_bytes"], r["busbw_gbps"]))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, points in series.items():
-        points.sort()
-        xs, ys = zip(*points, strict=True)
-        style = {"linestyle": "--", "color": "black"} if name.startswith("limit") else {"marker": "o"}
-        ax.plot(xs, ys, label=name, **style)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s, 1e9 B/s)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with _figure(figsize=(8, 4.5)) as (fig, ax):
+        for name, points in series.items():
+            points.sort()
+            xs, ys = zip(*points, strict=True)
+            style = {"linestyle": "--", "color": "black"} if name.startswith("limit") else {"marker": "o"}
+            ax.plot(xs, ys, label=name, **style)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s, 1e9 B/s)")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
 
 
 def ratio_table(records: Sequence[dict[str, Any]]) -> str:
@@ -170,96 +181,74 @@ def plot_training(
     epochs: Sequence[dict[str, Any]], summaries: Sequence[dict[str, Any]], breakdown_path: Any, loss_path: Any
 ) -> None:
     """Two PNGs: the stacked step-time breakdown per strategy, and the loss curve of each strategy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = [s["strategy"] for s in summaries]
-    bottom = [0.0] * len(summaries)
-    for key, label in BREAKDOWN:
-        values = [s[key] for s in summaries]
-        ax.bar(names, values, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    hidden = [s["comm_ms"] - s["exposed_comm_ms"] for s in summaries]
-    ax.scatter(
-        names,
-        [max(h, 0.0) for h in hidden],
-        marker="_",
-        s=400,
-        color="k",
-        zorder=3,
-        label="comm hidden behind backward",
-    )
-    first = summaries[0]
-    ax.set_ylabel("median time per step (ms)")
-    ax.set_title(
-        f"{first['model']}, {first['world_size']} ranks, {first['backend']}, batch {first['batch_size']}/rank"
-    )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(breakdown_path, dpi=120)
-    plt.close(fig)
+    with _figure(figsize=(7, 4)) as (fig, ax):
+        names = [s["strategy"] for s in summaries]
+        bottom = [0.0] * len(summaries)
+        for key, label in BREAKDOWN:
+            values = [s[key] for s in summaries]
+            ax.bar(names, values, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        hidden = [s["comm_ms"] - s["exposed_comm_ms"] for s in summaries]
+        ax.scatter(
+            names,
+            [max(h, 0.0) for h in hidden],
+            marker="_",
+            s=400,
+            color="k",
+            zorder=3,
+            label="comm hidden behind backward",
+        )
+        first = summaries[0]
+        ax.set_ylabel("median time per step (ms)")
+        ax.set_title(
+            f"{first['model']}, {first['world_size']} ranks, {first['backend']}, "
+            f"batch {first['batch_size']}/rank"
+        )
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(breakdown_path, dpi=120)
     plot_loss(epochs, loss_path, names)
 
 
 def plot_loss(epochs: Sequence[dict[str, Any]], path: Any, names: Sequence[str] | None = None) -> None:
     """The training loss per step of each strategy (``names``; default: those of ``epochs``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     if names is None:
         names = list(dict.fromkeys(e["strategy"] for e in epochs))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name in names:
-        losses = [v for e in epochs if e["strategy"] == name for v in e["step_losses"]]
-        ax.plot(range(1, len(losses) + 1), losses, label=name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (mean over ranks)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with _figure(figsize=(7, 4)) as (fig, ax):
+        for name in names:
+            losses = [v for e in epochs if e["strategy"] == name for v in e["step_losses"]]
+            ax.plot(range(1, len(losses) + 1), losses, label=name)
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (mean over ranks)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
 
 
 def plot_throughput(summaries: Sequence[dict[str, Any]], path: Any, title: str = "") -> None:
     """Images per second of each strategy (bars), labelled with the step time behind it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    names = [f"{s['strategy']}\n{s['world_size']} ranks" for s in summaries]
-    values = [s["images_per_s"] for s in summaries]
-    bars = ax.bar(names, values, color="tab:green")
-    for bar, s in zip(bars, summaries, strict=True):
-        ax.annotate(
-            f"{s['step_time_ms']:.1f} ms/step",
-            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
-    ax.set_ylabel("images per second (all ranks)")
-    ax.set_title(title)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with _figure(figsize=(7, 3.5)) as (fig, ax):
+        names = [f"{s['strategy']}\n{s['world_size']} ranks" for s in summaries]
+        values = [s["images_per_s"] for s in summaries]
+        bars = ax.bar(names, values, color="tab:green")
+        for bar, s in zip(bars, summaries, strict=True):
+            ax.annotate(
+                f"{s['step_time_ms']:.1f} ms/step",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+        ax.set_ylabel("images per second (all ranks)")
+        ax.set_title(title)
+        ax.grid(True, axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
 
 
 def plot_probe_timeline(probe: dict[str, Any], path: Any, title: str = "") -> None:
     """Three panels from a ``probe`` record: utilisation (CPU, GPU), memory, interface bytes/s;
     phase markers as vertical lines. Quantities that were not measured are left out."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     samples = probe.get("samples") or []
     t = [s["t_s"] for s in samples]
 
@@ -274,93 +263,80 @@ def plot_probe_timeline(probe: dict[str, Any], path: Any, title: str = "") -> No
         return None if all(v is None for v in values) else [float("nan") if v is None else v for v in values]
 
     gpu_ids = sorted({g["index"] for s in samples for g in s.get("gpus", [])})
-    fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
-    util, mem, net = axes
-    for key, label in (
-        ("cpu_user_pct", "machine CPU user (% of all cores)"),
-        ("cpu_system_pct", "machine CPU system"),
-        ("process_cpu_pct", "rank-0 process (% of one core)"),
-    ):
-        values = series(key)
-        if values is not None:
-            util.plot(t, values, label=label)
-    for i in gpu_ids:
-        values = gpu_series(i, "gpu_util_pct")
-        if values is not None:
-            util.plot(t, values, label=f"GPU {i} utilisation", linestyle="--")
-    util.set_ylabel("%")
-    rss = series("rss_bytes")
-    if rss is not None:
-        mem.plot(t, [v / 1e6 for v in rss], label="rank-0 resident memory")
-    for i in gpu_ids:
-        values = gpu_series(i, "memory_used_bytes")
-        if values is not None:
-            mem.plot(t, [v / 1e6 for v in values], label=f"GPU {i} memory used", linestyle="--")
-    mem.set_ylabel("MB (1e6 B)")
-    for key, label in (("nic_tx_bytes_per_s", "sent"), ("nic_rx_bytes_per_s", "received")):
-        values = series(key)
-        if values is not None:
-            net.plot(t, [v / 1e6 for v in values], label=f"{probe.get('nic') or 'interface'} {label}")
-    for i in gpu_ids:
-        for key, label in (("pcie_tx_bytes_per_s", "PCIe tx"), ("nvlink_tx_bytes_per_s", "NVLink tx")):
-            values = gpu_series(i, key)
+    with _figure(3, 1, figsize=(8, 7), sharex=True) as (fig, axes):
+        util, mem, net = axes
+        for key, label in (
+            ("cpu_user_pct", "machine CPU user (% of all cores)"),
+            ("cpu_system_pct", "machine CPU system"),
+            ("process_cpu_pct", "rank-0 process (% of one core)"),
+        ):
+            values = series(key)
             if values is not None:
-                net.plot(t, [v / 1e6 for v in values], label=f"GPU {i} {label}", linestyle="--")
-    net.set_ylabel("MB/s")
-    net.set_xlabel("seconds since the sampler started")
-    for ax in axes:
-        for m in probe.get("markers") or []:
-            ax.axvline(m["t_s"], color="grey", alpha=0.25, linewidth=0.8)
-        ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="upper right")
-    util.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+                util.plot(t, values, label=label)
+        for i in gpu_ids:
+            values = gpu_series(i, "gpu_util_pct")
+            if values is not None:
+                util.plot(t, values, label=f"GPU {i} utilisation", linestyle="--")
+        util.set_ylabel("%")
+        rss = series("rss_bytes")
+        if rss is not None:
+            mem.plot(t, [v / 1e6 for v in rss], label="rank-0 resident memory")
+        for i in gpu_ids:
+            values = gpu_series(i, "memory_used_bytes")
+            if values is not None:
+                mem.plot(t, [v / 1e6 for v in values], label=f"GPU {i} memory used", linestyle="--")
+        mem.set_ylabel("MB (1e6 B)")
+        for key, label in (("nic_tx_bytes_per_s", "sent"), ("nic_rx_bytes_per_s", "received")):
+            values = series(key)
+            if values is not None:
+                net.plot(t, [v / 1e6 for v in values], label=f"{probe.get('nic') or 'interface'} {label}")
+        for i in gpu_ids:
+            for key, label in (("pcie_tx_bytes_per_s", "PCIe tx"), ("nvlink_tx_bytes_per_s", "NVLink tx")):
+                values = gpu_series(i, key)
+                if values is not None:
+                    net.plot(t, [v / 1e6 for v in values], label=f"GPU {i} {label}", linestyle="--")
+        net.set_ylabel("MB/s")
+        net.set_xlabel("seconds since the sampler started")
+        for ax in axes:
+            for m in probe.get("markers") or []:
+                ax.axvline(m["t_s"], color="grey", alpha=0.25, linewidth=0.8)
+            ax.grid(True, alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7, loc="upper right")
+        util.set_title(title)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
 
 
 def plot_ratio_bars(labels: Sequence[str], ratios: Sequence[float | None], path: Any, ylabel: str) -> None:
     """One bar per label with a line at 1.0: a run against its baseline."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * len(labels) + 2), 3.5))
-    ax.bar(range(len(labels)), [float("nan") if r is None else r for r in ratios], color="tab:purple")
-    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
-    ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with _figure(figsize=(max(5.0, 0.45 * len(labels) + 2), 3.5)) as (fig, ax):
+        ax.bar(range(len(labels)), [float("nan") if r is None else r for r in ratios], color="tab:purple")
+        ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+        ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
 
 
 def plot_grouped(
     groups: Sequence[str], series: dict[str, Sequence[float | None]], path: Any, ylabel: str, title: str = ""
 ) -> None:
     """Grouped bars: one group per x label, one bar per series (studies' metric-by-setting plots)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(groups) * max(1, len(series)) + 2), 3.8))
-    width = 0.8 / max(1, len(series))
-    for i, (name, values) in enumerate(series.items()):
-        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
-        ax.bar(xs, [float("nan") if v is None else v for v in values], width=width, label=name)
-    ax.set_xticks(range(len(groups)), groups, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, axis="y", alpha=0.3)
-    if len(series) > 1:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with _figure(figsize=(max(5.0, 0.6 * len(groups) * max(1, len(series)) + 2), 3.8)) as (fig, ax):
+        width = 0.8 / max(1, len(series))
+        for i, (name, values) in enumerate(series.items()):
+            xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+            ax.bar(xs, [float("nan") if v is None else v for v in values], width=width, label=name)
+        ax.set_xticks(range(len(groups)), groups, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, axis="y", alpha=0.3)
+        if len(series) > 1:
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
 
 
 def timeline_path(plot_path: Any) -> Any:
