@@ -57,7 +57,9 @@ def test_summary_and_json_have_nulls_where_not_measured():
 
 
 def test_gpu_counters_unwrap_across_ticks_and_markers():
-    module = FakeNvmlModule([FakeDevice()])
+    # gen3 x8 (7.9 GB/s) needs 0.55 s between two readings to wrap 2^32 twice: no note on a 20 ms
+    # grid, however loaded the machine (gen5 x16 would need only 68 ms).
+    module = FakeNvmlModule([FakeDevice(pcie_max_gen=3, pcie_max_width=8)])
     dev = module.devices[0]
     nvml = Nvml.open(module)
     value = 0
@@ -82,16 +84,47 @@ def test_gpu_counters_unwrap_across_ticks_and_markers():
     assert all(r.power_w == 250.0 and r.pcie_rate_source == "counter" for r in rows)
     assert max(r.pcie_tx_bytes_per_s for r in rows) > 1e9
     assert tl.summary()["gpus"][0]["power_w"] == {"mean": 250.0, "max": 250.0}
-    assert tl.notes == ()  # gen5 x16 moves at most 1.3 GB per 20 ms tick: under one 32-bit wrap
+    assert tl.notes == ()
 
 
 def test_note_when_a_32_bit_counter_could_wrap_twice_in_a_tick():
     """63 GB/s (gen5 x16) for 0.1 s is 6.3 GB, more than 2^32: say so with the numbers."""
     nvml = Nvml.open(FakeNvmlModule([FakeDevice()]))
     s = Sampler(0.1, nvml=nvml).start()
+    time.sleep(0.25)  # two ticks, 0.1 s apart
     s.mark("a")
     tl = s.stop()
     assert any("32-bit" in n and "pcie_tx" in n for n in tl.notes)
+
+
+class _OneSlowTick(FakeNvmlModule):
+    """One utilisation read stalls (a slow NVML call, or the GIL held by the training thread)."""
+
+    stall_s = 0.0
+
+    def nvmlDeviceGetUtilizationRates(self, h: int):  # noqa: N802
+        stall, self.stall_s = self.stall_s, 0.0
+        time.sleep(stall)
+        return super().nvmlDeviceGetUtilizationRates(h)
+
+
+def test_note_when_a_late_tick_leaves_room_for_a_second_wrap():
+    """gen4 x16 (31.5 GB/s) moves 3.15 GB in a 0.1 s tick, under 2^32; one tick 0.15 s late makes a
+    0.25 s gap, 7.9 GB, in which a second wrap goes unseen. The note was taken from the nominal
+    interval, so that gap lost 4 GiB without a word."""
+    module = _OneSlowTick([FakeDevice(pcie_max_gen=4, pcie_max_width=16)])
+    nvml = Nvml.open(module)
+    s = Sampler(0.1, nvml=nvml).start()
+    time.sleep(0.05)
+    module.stall_s = 0.15
+    time.sleep(0.4)
+    s.mark("a")
+    tl = s.stop()
+    assert module.stall_s == 0.0  # the slow tick happened
+    (note,) = [n for n in tl.notes if "pcie_tx" in n]
+    assert "32-bit" in note and "interval 0.1 s" in note
+    gap = float(note.split(" and ")[1].split(" s passed")[0])
+    assert gap >= 0.2
 
 
 def test_unsupported_gpu_fields_are_none_and_pcie_falls_back_to_estimate():

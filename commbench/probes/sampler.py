@@ -3,7 +3,9 @@
 the bytes of a phase come from counters, not from integrated rates.
 
 Cumulative GPU counters are read on every tick and every mark and accumulated wrap-aware, so a
-32-bit counter that wraps within a phase is still right as long as it wraps at most once per tick.
+32-bit counter that wraps within a phase is still right as long as it wraps at most once between two
+readings; the notes say where the longest real gap between readings (a late tick, not the nominal
+interval) was long enough for the link to wrap it twice.
 The sampler's own CPU cost is measured in its thread and reported as a fraction of one core.
 """
 
@@ -240,16 +242,22 @@ class Timeline:
 
 
 class _Accumulator:
-    """Running byte total of one cumulative counter, unwrapped reading by reading."""
+    """Running byte total of one cumulative counter, unwrapped reading by reading, and the longest
+    time between two good readings (what one unwrap has to span)."""
 
     def __init__(self) -> None:
         self.last: Counter | None = None
+        self.last_t: float | None = None
+        self.longest_gap_s = 0.0
         self.total: int | None = None
         self.resets = 0
 
-    def update(self, reading: Counter | None) -> None:
+    def update(self, reading: Counter | None, t: float) -> None:
         if reading is None:  # a failed read: keep the last good one
             return
+        if self.last_t is not None:
+            self.longest_gap_s = max(self.longest_gap_s, t - self.last_t)
+        self.last_t = t
         if self.last is not None and self.total is not None:
             delta = reading.bytes_since(self.last)
             if delta is None:
@@ -442,7 +450,7 @@ class Sampler:
         for d in self._devices:
             c = self.nvml.counters(d.index)  # type: ignore[union-attr]
             for name in COUNTER_NAMES:
-                self._accum[(d.index, name)].update(getattr(c, name))
+                self._accum[(d.index, name)].update(getattr(c, name), c.t_s)
             got = {f"{n}_bytes": self._accum[(d.index, n)].total for n in COUNTER_NAMES}
             totals.append(GpuTotals(index=d.index, **got))
         return t, nic, tuple(totals)
@@ -509,7 +517,8 @@ class Sampler:
         return point, sample
 
     def _notes(self) -> tuple[str, ...]:
-        """Caveats worth carrying with the numbers: counter resets, 32-bit counters that may wrap twice."""
+        """Caveats worth carrying with the numbers: counter resets, and 32-bit counters read so far
+        apart (a late tick, not the nominal interval) that they could have wrapped twice unseen."""
         notes = self._nic.notes() if self._nic is not None else []
         for (index, name), acc in self._accum.items():
             if acc.resets:
@@ -525,14 +534,16 @@ class Sampler:
                 and info.pcie_max_width
             ):
                 try:
-                    per_tick = (
-                        pcie_max_gbps(info.pcie_max_generation, info.pcie_max_width) * 1e9 * self.interval_s
+                    most = (
+                        pcie_max_gbps(info.pcie_max_generation, info.pcie_max_width) * 1e9 * acc.longest_gap_s
                     )
                 except ValueError:
                     continue
-                if per_tick >= wrap:
+                if most >= wrap:
                     notes.append(
-                        f"GPU {index} {name} is a 32-bit counter and the link can move {per_tick:.3g} bytes "
-                        f"per {self.interval_s} s tick: more than one wrap per tick would go unseen"
+                        f"GPU {index} {name} is a 32-bit counter and {acc.longest_gap_s:.3g} s passed "
+                        f"between two of its readings (interval {self.interval_s} s), in which the link "
+                        f"can move {most:.3g} bytes: a second wrap in such a gap would go unseen, and "
+                        "the bytes of phases around it may be short by multiples of 2^32"
                     )
         return tuple(notes)
