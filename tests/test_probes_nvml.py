@@ -28,6 +28,8 @@ def test_reads_every_field_of_a_full_device():
     assert info.name == "Fake GPU" and info.nvlink_link_count == 18 and info.pcie_counters
     assert r.counters.pcie_tx == Counter(value=0, unit_bytes=1, wrap=1 << 32)
     assert r.counters.nvlink_rx == Counter(value=0, unit_bytes=1024, wrap=1 << 64)
+    gauges = nvml.read(0, counters=False)  # what the sampler's ticks read: it reads counters itself
+    assert gauges.counters is None and gauges.power_w == 250.0
 
 
 def test_unsupported_is_none_never_zero_and_probed_once():

@@ -127,6 +127,20 @@ def test_note_when_a_late_tick_leaves_room_for_a_second_wrap():
     assert gap >= 0.2
 
 
+def test_a_tick_reads_the_counters_once():
+    """The tick read every counter twice (once in the gauges' read, thrown away, then again)."""
+    module = FakeNvmlModule([FakeDevice()])
+    nvml = Nvml.open(module)
+    opened = module.devices[0].calls["fields"]  # the capability probe at open
+    with Sampler(INTERVAL, nvml=nvml) as s:
+        time.sleep(INTERVAL * 5)
+        s.mark("a")
+    tl = s.timeline
+    assert len(tl.samples) >= 1
+    # one reading when the thread starts, one a tick, one a mark
+    assert module.devices[0].calls["fields"] - opened == 1 + len(tl.samples) + len(tl.markers)
+
+
 def test_unsupported_gpu_fields_are_none_and_pcie_falls_back_to_estimate():
     dev = FakeDevice(power_mw="unsupported")
     dev.fields[fk.NVML_FI_DEV_PCIE_COUNT_TX_BYTES] = fk.NVML_ERROR_NOT_SUPPORTED
@@ -173,7 +187,7 @@ def test_thread_error_is_reported_by_stop():
     module = FakeNvmlModule()
     nvml = Nvml.open(module)
 
-    def boom(index: int) -> None:
+    def boom(index: int, **kwargs: object) -> None:
         raise OSError("device fell off the bus")
 
     nvml.read = boom  # type: ignore[method-assign]

@@ -102,7 +102,8 @@ class DeviceInfo:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GpuReading:
-    """Instantaneous state of one GPU plus its cumulative counters; None where not supported."""
+    """Instantaneous state of one GPU plus its cumulative counters (None where not read: see
+    :meth:`Nvml.read`); None where not supported."""
 
     index: int
     t_s: float
@@ -117,7 +118,7 @@ class GpuReading:
     pcie_width: int | None
     pcie_max_generation: int | None
     pcie_max_width: int | None
-    counters: GpuCounters
+    counters: GpuCounters | None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -322,8 +323,9 @@ class Nvml:
             got[name] = value
         return GpuCounters(index=index, t_s=time.monotonic(), **got)
 
-    def read(self, index: int) -> GpuReading:
-        """Utilisation, memory, clocks, power, PCIe link state and counters of device ``index``."""
+    def read(self, index: int, *, counters: bool = True) -> GpuReading:
+        """Utilisation, memory, clocks, power, PCIe link state and counters of device ``index``;
+        ``counters=False`` leaves the counters out (None), for a caller that reads them itself."""
         info = self.devices[index]
         util = self._read_gauge(info, "utilization")
         mem = self._read_gauge(info, "memory")
@@ -332,10 +334,10 @@ class Nvml:
         width = self._read_gauge(info, "pcie_width")
         sm = self._read_gauge(info, "sm_clock")
         memclk = self._read_gauge(info, "mem_clock")
-        counters = self.counters(index)
+        got = self.counters(index) if counters else None
         return GpuReading(
             index=index,
-            t_s=counters.t_s,
+            t_s=got.t_s if got is not None else time.monotonic(),
             gpu_util_pct=None if util is None else float(util.gpu),
             mem_util_pct=None if util is None else float(util.memory),
             memory_used_bytes=None if mem is None else int(mem.used),
@@ -347,7 +349,7 @@ class Nvml:
             pcie_width=None if width is None else int(width),
             pcie_max_generation=info.pcie_max_generation,
             pcie_max_width=info.pcie_max_width,
-            counters=counters,
+            counters=got,
         )
 
     def pcie_estimate(self, index: int) -> PcieEstimate:

@@ -462,7 +462,8 @@ class Sampler:
         return _Point(t=t, machine=machine, process=process, nic=nic, gpus=gpus)
 
     def _tick(self, prev: _Point) -> tuple[_Point, Sample]:
-        readings = {d.index: self.nvml.read(d.index) for d in self._devices}  # type: ignore[union-attr]
+        # Gauges only: the counters are read once, under the lock, by _point.
+        readings = {d.index: self.nvml.read(d.index, counters=False) for d in self._devices}  # type: ignore[union-attr]
         point = self._point()
         dt = point.t - prev.t
         user, system = host.machine_cpu_percent(prev.machine, point.machine)
