@@ -220,7 +220,8 @@ def _lo_counters(monkeypatch, shift: dict) -> None:
 
 def test_interface_counters_that_go_backwards_lose_ticks_not_sign(monkeypatch):
     """A link reset or driver reload sets the counters back: rates and phase bytes came out
-    negative (-6e14 B/s) where they now stay at or above zero, and a note says ticks were lost."""
+    negative (-6e14 B/s) where they now stay at or above zero, and a note says ticks were lost.
+    The tick that spans the reset has no rate (None), not the 0 B/s it showed."""
     shift = {"bytes": 1 << 40}
     _lo_counters(monkeypatch, shift)
     s = Sampler(INTERVAL, nic="lo").start()
@@ -230,14 +231,18 @@ def test_interface_counters_that_go_backwards_lose_ticks_not_sign(monkeypatch):
     _send_through_loopback(1 << 20)
     time.sleep(0.1)
     s.mark("b")
+    time.sleep(INTERVAL * 3)  # a tick after the mark, should the mark have been first to see it
     tl = s.stop()
-    assert min(x.nic_tx_bytes_per_s for x in tl.samples) >= 0
+    rates = [x.nic_tx_bytes_per_s for x in tl.samples]
+    assert sum(r is None for r in rates) == 1 and min(r for r in rates if r is not None) >= 0
     assert 0 <= tl.phase_bytes("a", "b").nic_tx_bytes < 1 << 30
     assert any("counters went backwards" in n for n in tl.notes)
 
 
 def test_an_interface_that_goes_away_ends_its_counting_not_the_run(monkeypatch):
-    """The sampler's thread died on the missing interface, and the next mark() raised in the run."""
+    """The sampler's thread died on the missing interface, and the next mark() raised in the run.
+    After it has gone nothing is measured: rates and phase bytes are None, where they were a
+    frozen total's 0 B/s and 0 bytes."""
     shift = {"bytes": 0}
     _lo_counters(monkeypatch, shift)
     s = Sampler(INTERVAL, nic="lo").start()
@@ -247,5 +252,8 @@ def test_an_interface_that_goes_away_ends_its_counting_not_the_run(monkeypatch):
     time.sleep(0.1)
     s.mark("b")
     tl = s.stop()
-    assert tl.phase_bytes("a", "b").nic_tx_bytes is not None
+    assert tl.markers[0].nic_tx_bytes is not None
+    assert tl.phase_bytes("a", "b").nic_tx_bytes is None
+    after = [x for x in tl.samples if x.t_s > tl.markers[0].t_s + 0.05]
+    assert after and all(x.nic_tx_bytes_per_s is None and x.nic_rx_bytes_per_s is None for x in after)
     assert any("went away" in n for n in tl.notes)

@@ -271,8 +271,9 @@ class _Accumulator:
 
 class _NicTotals:
     """Bytes an interface counted since the sampler started, kept going through the counters
-    going backwards (a driver reload, a link reset: those ticks are lost) and through the
-    interface going away (it counts nothing more; a line in the notes says so)."""
+    going backwards (a driver reload, a link reset: those ticks are lost, and ``resets`` counts
+    them). Once the interface is gone its readings are None (not measured), and a line in the
+    notes says so."""
 
     def __init__(self, nic: str) -> None:
         self.nic = nic
@@ -284,7 +285,7 @@ class _NicTotals:
     def read(self) -> host.NicCounters | None:
         if not self.gone:
             self._advance()
-        return None if self.last is None else self.total
+        return None if self.last is None or self.gone else self.total
 
     def _advance(self) -> None:
         try:
@@ -312,7 +313,7 @@ class _NicTotals:
                 f"interface {self.nic} counters went backwards {self.resets} time(s); those ticks are lost"
             )
         if self.gone:
-            out.append(f"interface {self.nic} went away during the run; it counted nothing after that")
+            out.append(f"interface {self.nic} went away during the run; nothing is measured after that")
         return out
 
 
@@ -324,6 +325,7 @@ class _Point:
     machine: host.MachineCpu
     process: host.CpuTimes
     nic: host.NicCounters | None
+    nic_resets: int
     gpus: tuple[GpuTotals, ...]
 
 
@@ -459,7 +461,8 @@ class Sampler:
         machine, process = host.machine_cpu(), host.cpu_times(self._process)
         with self._lock:
             t, nic, gpus = self._read_counters()
-        return _Point(t=t, machine=machine, process=process, nic=nic, gpus=gpus)
+            resets = self._nic.resets if self._nic is not None else 0
+        return _Point(t=t, machine=machine, process=process, nic=nic, nic_resets=resets, gpus=gpus)
 
     def _tick(self, prev: _Point) -> tuple[_Point, Sample]:
         # Gauges only: the counters are read once, under the lock, by _point.
@@ -501,6 +504,8 @@ class Sampler:
                 )
             )
         nic_now, nic_prev = point.nic, prev.nic
+        if point.nic_resets != prev.nic_resets:  # the counters went backwards in between: not measured
+            nic_now = None
         sample = Sample(
             t_s=point.t - self._t0,
             cpu_user_pct=user,
