@@ -72,3 +72,51 @@ def test_a_probe_that_fails_leaves_the_run_and_its_records(
     err = capsys.readouterr().err
     assert err.count("the probe stopped") == 1 and "fell off the bus" in err
     assert len(failing_marks) == 2  # once failed, the probe marks nothing more
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    """RunProbe opens this fake NVML instead of the machine's; its inits and shutdowns are counted."""
+    from commbench.probes.nvml import Nvml
+    from tests.fake_nvml import FakeNvmlModule
+
+    fake, real = FakeNvmlModule(), Nvml.open_with_reason.__func__
+    monkeypatch.setattr(Nvml, "open_with_reason", classmethod(lambda cls, module=None: real(cls, fake)))
+    return fake
+
+
+def test_a_probe_that_cannot_start_leaves_nvml_closed(fake_nvml, monkeypatch):
+    """NVML was opened first and never shut down when the interface or the sampler failed."""
+    from commbench.bench import probing
+
+    monkeypatch.setenv("COMMBENCH_NIC", "nope0")
+    with pytest.raises(ValueError, match="nope0"):
+        probing.RunProbe(0.1)
+    assert fake_nvml.inits == fake_nvml.shutdowns
+    monkeypatch.delenv("COMMBENCH_NIC")
+
+    def no_thread(*args, **kwargs):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(probing, "Sampler", no_thread)
+    with pytest.raises(RuntimeError, match="new thread"):
+        probing.RunProbe(0.1)
+    assert fake_nvml.inits == fake_nvml.shutdowns == 1
+
+
+def test_a_sweep_whose_probe_cannot_start_closes_its_record_file(fake_nvml, monkeypatch, tmp_path):
+    """The record file, its header written, was left open when the probe failed to start."""
+    from commbench.bench import sweep
+
+    closed = []
+
+    class Writer(sweep.RecordWriter):
+        def close(self) -> None:
+            closed.append(True)
+            super().close()
+
+    monkeypatch.setattr(sweep, "RecordWriter", Writer)
+    monkeypatch.setenv("COMMBENCH_NIC", "nope0")
+    with pytest.raises(ValueError, match="nope0"):
+        sweep.Rank0Output(sweep.SweepConfig(json_path=str(tmp_path / "run.jsonl")), {"x": 1})
+    assert closed == [True] and fake_nvml.inits == fake_nvml.shutdowns

@@ -20,9 +20,14 @@ class RunProbe:
     """
 
     def __init__(self, interval_s: float) -> None:
+        self.nic = host.selected_nic()  # before NVML is opened: a bad $COMMBENCH_NIC leaves nothing open
         self.nvml, self.nvml_note = Nvml.open_with_reason()
-        self.nic = host.selected_nic()
-        self.sampler = Sampler(interval_s=interval_s, nvml=self.nvml, nic=self.nic).start()
+        try:
+            self.sampler = Sampler(interval_s=interval_s, nvml=self.nvml, nic=self.nic).start()
+        except BaseException:
+            if self.nvml is not None:
+                self.nvml.close()
+            raise
         self._marks = 0
         self.error: BaseException | None = None
 

@@ -462,7 +462,11 @@ class Rank0Output:
         if config.probe:
             from commbench.bench.probing import RunProbe
 
-            self.probe = RunProbe(config.probe_interval_s)
+            try:
+                self.probe = RunProbe(config.probe_interval_s)
+            except BaseException:  # the caller never gets this object to close
+                self.writer.close()
+                raise
 
     def __call__(self, kind: str, payload) -> None:
         if kind == "start":
