@@ -117,6 +117,27 @@ def test_unresolvable_address_falls_back_to_an_existing_interface():
     assert nic in psutil.net_io_counters(pernic=True)
 
 
+def test_a_subnet_given_by_an_ipv6_netmask_is_matched(monkeypatch):
+    """psutil gives IPv6 netmasks as addresses ('ffff:ffff:ffff:ffff::'), which ipaddress does
+    not take after a slash: the interface was read as a /128 and no IPv6 subnet ever matched."""
+    from types import SimpleNamespace
+
+    def addrs() -> dict:
+        v6 = SimpleNamespace(family=socket.AF_INET6, address="fd00::5%eth9", netmask="ffff:ffff:ffff:ffff::")
+        v4 = SimpleNamespace(family=socket.AF_INET, address="198.18.7.5", netmask="255.255.255.0")
+        lo = SimpleNamespace(family=socket.AF_INET, address="127.0.0.1", netmask="255.0.0.0")
+        return {"lo": [lo], "eth9": [v6], "eth8": [v4]}
+
+    monkeypatch.setattr(psutil, "net_if_addrs", addrs)
+    monkeypatch.setattr(host, "_source_ip", lambda ip: None)  # no route: the subnet decides
+    monkeypatch.setattr(host, "_busiest", lambda ifaces, lo: "busiest")
+    assert host.nic_for_address("fd00::7") == "eth9"
+    assert host.nic_for_address("198.18.7.9") == "eth8"
+    assert host.nic_for_address("fd00:1::7") == "busiest"  # outside the /64
+    assert host._prefix_length("ffff:ffff:ffff:ff00::") == 56
+    assert host._prefix_length("ffff::ffff") is None  # not contiguous
+
+
 def test_selected_nic_env_override(monkeypatch):
     monkeypatch.setenv(host.NIC_ENV, "lo")
     assert host.selected_nic("10.1.2.3") == "lo"

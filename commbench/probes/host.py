@@ -52,6 +52,19 @@ def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
+def _prefix_length(netmask: str) -> int | None:
+    """The prefix length of a netmask written as an address ('255.255.255.0' -> 24,
+    'ffff:ffff:ffff:ffff::' -> 64); None where it is not one, or its ones are not contiguous."""
+    try:
+        mask = ipaddress.ip_address(netmask.split("%")[0])
+    except ValueError:
+        return None
+    bits = mask.max_prefixlen
+    value = int(mask)
+    ones = bits - (~value & ((1 << bits) - 1)).bit_length()
+    return ones if value == ((1 << bits) - 1) ^ ((1 << (bits - ones)) - 1) else None
+
+
 def _interface_ips() -> dict[str, list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]]:
     out: dict[str, list] = {}
     for nic, addrs in psutil.net_if_addrs().items():
@@ -59,8 +72,10 @@ def _interface_ips() -> dict[str, list[ipaddress.IPv4Interface | ipaddress.IPv6I
             if a.family not in (socket.AF_INET, socket.AF_INET6):
                 continue
             ip = a.address.split("%")[0]  # drop an IPv6 zone
+            # ipaddress takes an IPv4 netmask after the slash but not an IPv6 one: give it the length
+            prefix = _prefix_length(a.netmask) if a.netmask else None
             try:
-                net = ipaddress.ip_interface(f"{ip}/{a.netmask}") if a.netmask else ipaddress.ip_interface(ip)
+                net = ipaddress.ip_interface(ip if prefix is None else f"{ip}/{prefix}")
             except ValueError:
                 net = ipaddress.ip_interface(ip)
             out.setdefault(nic, []).append(net)
