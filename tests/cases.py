@@ -510,6 +510,42 @@ def _scratch(case: dict[str, Any]) -> dict[str, int]:
     return held
 
 
+def _wire_faults(case: dict[str, Any]) -> str | None:
+    """One counted pass on every rank, each rank its own host, with rank ``case["rank"]``'s reading
+    broken by ``case["fault"]``: "reset" (its counters back to zero when the pass closes),
+    "impossible" (10 GB more than was sent, on a 1 Gbit/s link) or "idle_reset" (back to zero at
+    the end of the first idle interval only). Returns this rank's ``wire_check``."""
+    import dataclasses
+    import itertools
+
+    from commbench.probes import host, wirecount
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    counter = wirecount.WireCounter(torch.device("cpu"))
+    counter.hosts = [[r] for r in range(world)]
+    counter.info = [("lo", f"198.18.0.{r + 1}") for r in range(world)]
+    faulty = rank == case["rank"]
+    counter.link_gbps = 0.125 if faulty else None  # only the faulty host's link is checked
+    # Readings: 0 opens the pass, 1 closes it, 2 and 3 bound the first idle interval.
+    broken_at = {"reset": 1, "impossible": 1, "idle_reset": 3}[case["fault"]]
+    real, reads = host.read_nic, itertools.count()
+
+    def read_nic(nic: str) -> host.NicCounters:
+        c = real(nic)
+        if not faulty or next(reads) != broken_at:
+            return c
+        if case["fault"] == "impossible":
+            return dataclasses.replace(c, tx_bytes=c.tx_bytes + 10**10)
+        return host.NicCounters(tx_bytes=0, rx_bytes=0, tx_packets=0, rx_packets=0)
+
+    checked_pass_s = wirecount.CHECKED_PASS_S
+    host.read_nic, wirecount.CHECKED_PASS_S = read_nic, 0.0  # judge even this short pass
+    try:
+        return counter.count(lambda: None, 1, [0] * world, [0] * world, 1 << 20).wire_check
+    finally:
+        host.read_nic, wirecount.CHECKED_PASS_S = real, checked_pass_s
+
+
 def run_case(case: tuple[str, dict[str, Any]]) -> Any:
     kind, body = case
     return {
@@ -532,4 +568,5 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "scratch": _scratch,
         "segments": _segments,
         "per_device_group": _per_device_group,
+        "wire_faults": _wire_faults,
     }[kind](body)

@@ -27,3 +27,58 @@ def test_the_idle_baseline_is_the_quietest_interval(tmp_path, monkeypatch):
     finally:
         dist.destroy_process_group()
     assert windows.idle_rate[0] < 1000 and windows.idle_rate[1] < 1000, windows.idle_rate
+
+
+def test_a_step_whose_counters_went_backwards_is_not_judged(tmp_path, monkeypatch):
+    """A reset in the middle of a step: that strategy's epoch is not judged (it raised ValueError,
+    which ended the training with exit 2 as if it were bad input); the next epoch is counted."""
+    counted = {"bytes": 0}
+
+    def read_nic(nic: str) -> host.NicCounters:
+        counted["bytes"] += 1000
+        b = counted["bytes"]
+        return host.NicCounters(tx_bytes=b, rx_bytes=b, tx_packets=b // 1000, rx_packets=b // 1000)
+
+    def reset() -> None:
+        counted["bytes"] = 0
+
+    monkeypatch.setattr(host, "read_nic", read_nic)
+    monkeypatch.setattr(host, "selected_nic", lambda *a: "lo")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        windows = wirecount.StepWindows(wirecount.WireCounter(torch.device("cpu")), idle_s=0.01)
+        windows.around("ddp", reset)
+        windows.around("ddp", lambda: None)
+        lost = windows.take("ddp", 2, [0], [0], 1 << 20)
+        windows.around("ddp", lambda: None)
+        counted_epoch = windows.take("ddp", 1, [0], [0], 1 << 20)
+    finally:
+        dist.destroy_process_group()
+    assert lost.wire_check.startswith("not judged: the interface counters went backwards"), lost
+    assert lost.measured_wire_bytes is None and lost.hosts == []
+    assert counted_epoch.measured_wire_bytes is not None and len(counted_epoch.hosts) == 1
+    assert "went backwards" not in (counted_epoch.wire_check or "")
+
+
+def test_no_idle_baseline_leaves_every_step_not_judged(tmp_path, monkeypatch):
+    """Counters that go backwards in every idle interval: there is no baseline to take away."""
+    falling = itertools.count()
+
+    def read_nic(nic: str) -> host.NicCounters:
+        b = 10**9 - 1000 * next(falling)
+        return host.NicCounters(tx_bytes=b, rx_bytes=b, tx_packets=b, rx_packets=b)
+
+    monkeypatch.setattr(host, "read_nic", read_nic)
+    monkeypatch.setattr(host, "selected_nic", lambda *a: "lo")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        windows = wirecount.StepWindows(wirecount.WireCounter(torch.device("cpu")), idle_s=0.01)
+        monkeypatch.setattr(
+            host, "read_nic", lambda nic: host.NicCounters(tx_bytes=1, rx_bytes=1, tx_packets=1, rx_packets=1)
+        )
+        windows.around("ddp", lambda: None)
+        wc = windows.take("ddp", 1, [0], [0], 1 << 20)
+    finally:
+        dist.destroy_process_group()
+    assert windows.idle_rate is None
+    assert wc.wire_check.startswith("not judged: the interface counters went backwards"), wc

@@ -1,12 +1,12 @@
-"""Grouping ranks' interface readings by host, and the link-maximum check, without a process group."""
+"""Grouping ranks' interface readings by host and judging them, mostly without a process group."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from commbench.probes import host
-from commbench.probes.links import ImpossibleReading
-from commbench.probes.wirecount import WireCounter, link_gbps
+from commbench.probes.wirecount import WireCounter, link_gbps, link_problem
 
 
 def _counter(hosts: list[list[int]], nics: list[str], interconnect: str, mtu: int, link: float | None):
@@ -48,19 +48,62 @@ def test_a_short_count_is_flagged_and_small_messages_are_not_judged() -> None:
     assert c.summarise(rows, 1, [500_000, 500_000], [500_000] * 2, 4096).wire_check.startswith("not judged")
 
 
-def test_link_check_refuses_an_impossible_rate(monkeypatch) -> None:
-    c = _counter([[0]], ["eth0"], "ethernet", 1500, 0.125)  # 1 Gbit/s
-    ok = host.NicCounters(tx_bytes=120_000_000, rx_bytes=0, tx_packets=0, rx_packets=0)
-    c.check_link(ok, 1.0)
-    with pytest.raises(ImpossibleReading, match="eth0 sent"):
-        c.check_link(host.NicCounters(tx_bytes=200_000_000, rx_bytes=0, tx_packets=0, rx_packets=0), 1.0)
-    c.check_link(
-        host.NicCounters(tx_bytes=200_000_000, rx_bytes=0, tx_packets=0, rx_packets=0), 0.05
-    )  # burst
+def test_link_check_names_an_impossible_rate(monkeypatch) -> None:
+    assert link_problem("eth0", 120_000_000, 0, 1.0, 0.125) is None  # 1 Gbit/s
+    assert link_problem("eth0", 200_000_000, 0, 1.0, 0.125).startswith("impossible reading: eth0 sent")
+    assert link_problem("eth0", 0, 200_000_000, 1.0, 0.125).startswith("impossible reading: eth0 received")
+    assert link_problem("eth0", 200_000_000, 0, 0.05, 0.125) is None  # a burst in a short pass
+    assert link_problem("eth0", 200_000_000, 0, 1.0, None) is None  # no known maximum
+    monkeypatch.setattr("commbench.probes.wirecount.CHECKED_PASS_S", 0.0)
+    assert link_problem("eth0", 0, 0, 0.0, 0.125) is None  # no steps counted: nothing to judge
     monkeypatch.setenv("COMMBENCH_LINK_GBPS", "2.5")
     assert link_gbps("eth0", False) == pytest.approx(2.5 / 8)
     monkeypatch.delenv("COMMBENCH_LINK_GBPS")
     assert link_gbps("lo", True) is None
+
+
+def test_broken_readings_are_judged_from_the_gathered_rows() -> None:
+    """A host's reading that went backwards, or beyond its link, is judged after the all-gather
+    from every rank's row, so every rank records the same verdict and the run goes on. It was
+    raised on the rank that read it: a ValueError ended the run with exit 2, and an
+    ImpossibleReading before the all-gather left the other ranks waiting in it."""
+    c = _counter([[0], [1]], ["eth0", "eth0"], "ethernet", 1500, None)
+    sent = [1_000_000, 1_000_000]
+    ok = [1_001_056, 1_001_056, 0, 0, 0.0, 0.0, 16, 0, 1.0, math.nan, 0.0]  # no known link maximum
+    fast = [200_000_000, 1_000_000, 0, 0, 0.0, 0.0, 16, 0, 1.0, 0.125, 0.0]  # 1.6 Gbit/s on 1 Gbit/s
+    wc = c.summarise([ok, fast], 1, sent, sent, 1 << 20)
+    assert wc.wire_check.startswith("impossible reading: eth0 (198.18.0.2) sent: 0.200 GB/s")
+    assert len(wc.hosts) == 2 and wc.measured_wire_bytes is not None
+    short = c.summarise([ok, fast[:8] + [0.4, 0.125, 0.0]], 1, sent, sent, 1 << 20)  # a 0.4 s pass
+    assert not short.wire_check.startswith("impossible reading")
+    went_back = ok[:10] + [1.0]
+    wc = c.summarise([ok, went_back], 1, sent, sent, 1 << 20)
+    assert wc.wire_check == (
+        "not judged: the interface counters went backwards (a reset or a link flap) during the count, "
+        "on eth0 (198.18.0.2)"
+    )
+    assert (wc.measured_wire_bytes, wc.wire_bytes_ratio, wc.hosts) == (None, None, [])
+    assert wc.computed_wire_bytes == sum(sent)
+
+
+@pytest.mark.parametrize(
+    "fault, verdict",
+    [
+        ("reset", "not judged: the interface counters went backwards"),
+        ("impossible", "impossible reading: lo (198.18.0.2) sent"),
+    ],
+)
+def test_one_hosts_broken_reading_is_every_ranks_verdict(worlds, fault, verdict) -> None:
+    """Two real ranks, rank 1's reading broken: both finish the count with the same wire_check."""
+    results = worlds(2).run(("wire_faults", {"fault": fault, "rank": 1}))
+    assert results[0] == results[1] and results[0].startswith(verdict), results
+
+
+def test_an_idle_interval_whose_counters_went_backwards_is_left_out(worlds) -> None:
+    """The other idle interval is the baseline: the point is still measured."""
+    results = worlds(2).run(("wire_faults", {"fault": "idle_reset", "rank": 1}))
+    assert results[0] == results[1], results
+    assert not (results[0] or "").startswith("not judged: the interface counters"), results
 
 
 def test_framing_is_counted_per_packet_where_packets_are_known() -> None:

@@ -6,11 +6,16 @@ quieter one is the baseline (heartbeats, the launcher's store). Ranks that share
 hostname and network namespace) share the interface, so the host's counter is compared with the sum
 over its ranks: on one machine over loopback that is every rank's traffic, counted once; in the
 emulated cluster each host is one rank with its own interface.
+
+The probe only watches: a host whose counters went backwards (a reset, a link flap) or counted more
+than its link can carry does not end the run. Each rank's reading travels in the all-gather, and the
+point's ``wire_check`` is judged from the gathered readings, so every rank records the same verdict.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import time
@@ -63,7 +68,7 @@ class WireCount:
 
     hosts: list[HostBytes]
     computed_wire_bytes: int
-    measured_wire_bytes: int
+    measured_wire_bytes: int | None  # None: not measured (a host's counters went backwards)
     wire_bytes_ratio: float | None
     wire_expected_ratio: float
     wire_check: str | None  # None: within tolerance; else why not (or why not checked)
@@ -102,6 +107,46 @@ def _address(nic: str) -> str:
 # Shorter passes can legitimately exceed a shaped rate by the token bucket: the cluster's default
 # holds 8 ms of the rate, 1.6% of a 0.5 s pass, well inside the check's 5% margin.
 CHECKED_PASS_S = 0.5
+
+# What each rank puts in the all-gather, in this order. Tests pass rows of the first 6 (no packets)
+# or 8 (no pass length, link maximum or reset flag) columns too.
+ROW = (
+    "tx_bytes",
+    "rx_bytes",
+    "idle_tx_bytes",
+    "idle_rx_bytes",
+    "cpu_user_s",
+    "cpu_system_s",
+    "tx_packets",
+    "idle_tx_packets",
+    "seconds",  # how long the counted work took
+    "link_gbps",  # the interface's maximum each way; NaN where none is known
+    "reset",  # 1 where the counters went backwards during the count or its idle baseline
+)
+_NO_COUNT = host.NicCounters(tx_bytes=0, rx_bytes=0, tx_packets=0, rx_packets=0)
+
+
+def _delta(before: host.NicCounters, after: host.NicCounters) -> host.NicCounters | None:
+    """What the interface counted between two readings; None where a counter went backwards."""
+    try:
+        return host.nic_delta(before, after)
+    except ValueError:
+        return None
+
+
+def link_problem(
+    what: str, tx_bytes: float, rx_bytes: float, seconds: float, link_gbps: float | None
+) -> str | None:
+    """Why a host's counted bytes cannot be right (more than its link carries in ``seconds``), or
+    None. Passes shorter than :data:`CHECKED_PASS_S` are not judged."""
+    if link_gbps is None or not seconds > 0 or seconds < CHECKED_PASS_S:
+        return None
+    for direction, value in (("sent", tx_bytes), ("received", rx_bytes)):
+        try:
+            links.check_rate(value, seconds, link_gbps, what=f"{what} {direction}")
+        except links.ImpossibleReading as exc:
+            return f"impossible reading: {exc}"
+    return None
 
 
 def link_gbps(nic: str, loopback: bool) -> float | None:
@@ -143,18 +188,19 @@ class WireCounter:
     def read(self) -> tuple[host.NicCounters, host.CpuTimes]:
         return host.read_nic(self.nic), host.cpu_times()
 
-    def check_link(self, delta: host.NicCounters, seconds: float) -> None:
-        """Raise ImpossibleReading when this host's interface counted more than its link can carry."""
-        if self.link_gbps is None or seconds < CHECKED_PASS_S:
-            return
-        for direction, value in (("sent", delta.tx_bytes), ("received", delta.rx_bytes)):
-            links.check_rate(value, seconds, self.link_gbps, what=f"{self.nic} {direction}")
-
-    def _idle(self, seconds: float) -> host.NicCounters:
+    def _idle(self, seconds: float) -> host.NicCounters | None:
+        """What the interface counted over ``seconds`` of nothing; None where its counters went back."""
         before = opened(lambda: host.read_nic(self.nic))
         time.sleep(seconds)
         dist.barrier()
-        return host.nic_delta(before, host.read_nic(self.nic))
+        return _delta(before, host.read_nic(self.nic))
+
+    def _gather(self, local: list[float]) -> list[list[float]]:
+        """Every rank's row (see :data:`ROW`), in rank order."""
+        mine = torch.tensor(local, dtype=torch.float64, device=self.device)
+        table = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(table, mine)
+        return [t.cpu().tolist() for t in table]
 
     def count(
         self, run: Callable[[], None], iters: int, sent: Sequence[int], recv: Sequence[int], size_bytes: int
@@ -174,12 +220,15 @@ class WireCounter:
         dist.barrier()
         nic1, cpu1 = self.read()
         elapsed = time.perf_counter() - t0
-        work = host.nic_delta(nic0, nic1)
+        work = _delta(nic0, nic1)
         # Two idle intervals as long as the pass; the quieter one is the baseline, so a burst of
-        # someone else's traffic during one of them is not taken away from the measurement.
-        idle = min((self._idle(elapsed) for _ in range(2)), key=lambda d: d.tx_bytes)
-        self.check_link(work, elapsed)
-        local = torch.tensor(
+        # someone else's traffic during one of them is not taken away from the measurement. Every
+        # rank idles twice (barriers inside); an interval whose counters went back is left out.
+        idles = [d for d in [self._idle(elapsed) for _ in range(2)] if d is not None]
+        idle = min(idles, key=lambda d: d.tx_bytes) if idles else None
+        reset = work is None or idle is None
+        work, idle = work or _NO_COUNT, idle or _NO_COUNT
+        rows = self._gather(
             [
                 work.tx_bytes,
                 work.rx_bytes,
@@ -189,24 +238,35 @@ class WireCounter:
                 cpu1.system_s - cpu0.system_s,
                 work.tx_packets,
                 idle.tx_packets,
-            ],
-            dtype=torch.float64,
-            device=self.device,
+                elapsed,
+                math.nan if self.link_gbps is None else self.link_gbps,
+                float(reset),
+            ]
         )
-        table = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-        dist.all_gather(table, local)
-        rows = [t.cpu().tolist() for t in table]
         return self.summarise(rows, iters, sent, recv, size_bytes)
 
     def summarise(
         self, rows: list[list[float]], iters: int, sent: Sequence[int], recv: Sequence[int], size_bytes: int
     ) -> WireCount:
-        """Group the ranks' readings by host: tx, rx, idle tx, idle rx, cpu user, cpu system and,
-        where counted, tx packets and idle tx packets."""
+        """Group the ranks' readings (see :data:`ROW`) by host and judge them; every rank gets the
+        same rows and so the same verdict. A host whose counters went backwards leaves the point
+        not measured; one that counted more than its link can carry flags it."""
         hosts, raw_total, base_total = [], 0, 0
         packets: int | None = None
+        problems: list[str] = []
+        reset: list[str] = []
         for ranks, (nic, address) in zip(self.hosts, self.info, strict=True):
             first = rows[ranks[0]]  # ranks of one host read the same counter: take the first's
+            if len(first) >= len(ROW):
+                seconds, link, went_back = first[8:11]
+                if went_back:
+                    reset.append(f"{nic} ({address})")
+                    continue
+                problem = link_problem(
+                    f"{nic} ({address})", first[0], first[1], seconds, None if math.isnan(link) else link
+                )
+                if problem is not None:
+                    problems.append(problem)
             tx_raw, rx_raw, tx_base, rx_base = (int(v) for v in first[:4])
             raw_total += tx_raw
             base_total += tx_base
@@ -227,6 +287,16 @@ class WireCounter:
                 )
             )
         computed = sum(sent)
+        if reset:
+            return WireCount(
+                hosts=[],
+                computed_wire_bytes=computed,
+                measured_wire_bytes=None,
+                wire_bytes_ratio=None,
+                wire_expected_ratio=wirecheck.expected_ratio(self.interconnect, self.mtu),
+                wire_check="not judged: the interface counters went backwards (a reset or a link "
+                f"flap) during the count, on {', '.join(reset)}",
+            )
         check = wirecheck.compare(
             computed * iters, raw_total, base_total, self.interconnect, self.mtu, packets=packets
         )
@@ -235,6 +305,8 @@ class WireCounter:
             flag = "not judged: messages under 1 MiB, where per-message overhead dominates"
         elif computed == 0:
             flag = None if check.measured_bytes <= 0 else check.flag
+        if problems:  # a broken reading, whatever the size
+            flag = "; ".join(problems)
         return WireCount(
             hosts=hosts,
             computed_wire_bytes=computed,
@@ -261,28 +333,33 @@ class StepWindows:
             t0 = time.perf_counter()
             idle = counter._idle(idle_s)
             elapsed = time.perf_counter() - t0
-            rates.append((idle.tx_bytes / elapsed, idle.rx_bytes / elapsed, idle.tx_packets / elapsed))
-        self.idle_rate = min(rates)
+            if idle is not None:  # counters that went backwards: that interval is left out
+                rates.append((idle.tx_bytes / elapsed, idle.rx_bytes / elapsed, idle.tx_packets / elapsed))
+        # None: no interval was counted, so no step is judged (each says so).
+        self.idle_rate: tuple[float, float, float] | None = min(rates) if rates else None
         self.acc: dict[str, list[float]] = {}
 
     def around(self, key: str, run: Callable[[], None]) -> None:
-        """Run ``run`` and add what the interface counted meanwhile to ``key``'s total."""
+        """Run ``run`` and add what the interface counted meanwhile to ``key``'s total (a step
+        whose counters went backwards adds none, and marks the total not measured)."""
         nic0, cpu0 = opened(self.counter.read)
         t0 = time.perf_counter()
         run()
         dist.barrier()
         elapsed = time.perf_counter() - t0
         nic1, cpu1 = self.counter.read()
-        d = host.nic_delta(nic0, nic1)
-        row = self.acc.setdefault(key, [0.0] * 6)
+        d = _delta(nic0, nic1)
+        got = d or _NO_COUNT
+        row = self.acc.setdefault(key, [0.0] * 7)
         for i, v in enumerate(
             (
-                d.tx_bytes,
-                d.rx_bytes,
+                got.tx_bytes,
+                got.rx_bytes,
                 elapsed,
                 cpu1.user_s - cpu0.user_s,
                 cpu1.system_s - cpu0.system_s,
-                d.tx_packets,
+                got.tx_packets,
+                d is None,
             )
         ):
             row[i] += v
@@ -291,26 +368,22 @@ class StepWindows:
         self, key: str, steps: int, sent: Sequence[int], recv: Sequence[int], size_bytes: int
     ) -> WireCount:
         """``key``'s bytes per step since the last ``take``, grouped by host; every rank calls this."""
-        tx, rx, seconds, user, system, packets = self.acc.pop(key, [0.0] * 6)
-        self.counter.check_link(
-            host.NicCounters(tx_bytes=int(tx), rx_bytes=int(rx), tx_packets=0, rx_packets=0), seconds
-        )
-        local = torch.tensor(
+        tx, rx, seconds, user, system, packets, resets = self.acc.pop(key, [0.0] * 7)
+        idle = self.idle_rate or (0.0, 0.0, 0.0)
+        link = self.counter.link_gbps
+        rows = self.counter._gather(
             [
                 tx,
                 rx,
-                self.idle_rate[0] * seconds,
-                self.idle_rate[1] * seconds,
+                idle[0] * seconds,
+                idle[1] * seconds,
                 user,
                 system,
                 packets,
-                self.idle_rate[2] * seconds,
-            ],
-            dtype=torch.float64,
-            device=self.counter.device,
+                idle[2] * seconds,
+                seconds,
+                math.nan if link is None else link,
+                float(resets > 0 or self.idle_rate is None),
+            ]
         )
-        table = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-        dist.all_gather(table, local)
-        return self.counter.summarise(
-            [t.cpu().tolist() for t in table], max(steps, 1), sent, recv, size_bytes
-        )
+        return self.counter.summarise(rows, max(steps, 1), sent, recv, size_bytes)
