@@ -218,8 +218,12 @@ class Bucketed(GradSync):
             self.handles[b] = self.ring.submit(buffer, self._record)
             return
         start = self.clock.stamp()
-        fut = dist.all_reduce(buffer, async_op=True).get_future()
-        self.handles[b] = fut.then(lambda f, start=start: self._record(start, self.clock.stamp()))
+        work = dist.all_reduce(buffer, async_op=True)
+        # The callback only stamps the end: on CUDA it runs on a stream that waits for the
+        # allreduce, so its event marks the end on the device. It returns None, so waiting on its
+        # future orders nothing on the device; the Work's wait() does (see after_backward).
+        timed = work.get_future().then(lambda f, start=start: self._record(start, self.clock.stamp()))
+        self.handles[b] = (work, timed)
 
     def after_backward(self) -> None:
         while self.next_launch < len(self.buckets):  # parameters that got no gradient this step
@@ -232,7 +236,9 @@ class Bucketed(GradSync):
                 if self.ring.error is not None:
                     raise RuntimeError(f"ring allreduce failed: {self.ring.error}") from self.ring.error
             else:
-                handle.wait()
+                work, timed = handle
+                work.wait()  # CUDA: the current stream waits for the allreduce before unpack reads it
+                timed.wait()  # and its interval is recorded before take_intervals
             unpack(buffer, [self.params[i].grad for i in bucket.params])
         self.before_backward()
 

@@ -1,0 +1,62 @@
+"""Gradient-sync strategies on one process, with torch.distributed's calls replaced by stand-ins
+that say what a real backend may do: what they check is the order of the sync's own steps."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from commbench.trainers import sync
+from commbench.trainers.timing import Clock
+
+CPU = Clock(torch.device("cpu"))
+
+
+class _LateWork:
+    """An allreduce over two ranks holding the same tensor whose result lands only when waited on,
+    as with NCCL: its future completes once the work is queued, not once it has run."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.future: torch.futures.Future = torch.futures.Future()
+        self.future.set_result([tensor])
+
+    def get_future(self) -> torch.futures.Future:
+        return self.future
+
+    def wait(self) -> bool:
+        self.tensor.mul_(2)
+        return True
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+
+
+def _backward(model: nn.Module) -> None:
+    torch.manual_seed(1)
+    model(torch.randn(8, 6)).square().sum().backward()
+
+
+def test_bucketed_unpacks_a_bucket_only_after_waiting_on_its_allreduce(monkeypatch) -> None:
+    """The bucket's allreduce is waited on through its Work before its buffer is unpacked: the
+    future of a timing callback completed with the work's queueing and carried no CUDA event, so
+    the gradients could be read before the allreduce ended (not verified on a GPU here)."""
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, *a, async_op=False, **k: _LateWork(tensor))
+    model = _model()
+    reference = copy.deepcopy(model)
+    _backward(reference)
+    bucketed = sync.Bucketed(CPU, cap_bytes=40, first_cap_bytes=20)
+    module = bucketed.wrap(model)
+    assert len(bucketed.buckets) > 2
+    bucketed.before_backward()
+    _backward(module)
+    bucketed.after_backward()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)  # the two ranks' mean of equal gradients
+    assert len(bucketed.take_intervals()) == len(bucketed.buckets)  # every bucket's comm is timed
