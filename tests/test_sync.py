@@ -3,7 +3,10 @@ that say what a real backend may do: what they check is the order of the sync's 
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import types
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -60,3 +63,36 @@ def test_bucketed_unpacks_a_bucket_only_after_waiting_on_its_allreduce(monkeypat
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)  # the two ranks' mean of equal gradients
     assert len(bucketed.take_intervals()) == len(bucketed.buckets)  # every bucket's comm is timed
+
+
+def test_ring_thread_selects_the_buffers_cuda_device(monkeypatch) -> None:
+    """The ring transport's thread runs on the device of the buffer it is given: the current CUDA
+    device is per thread, and this one's was cuda:0 whatever the rank's device (a stand-in
+    device selector stands for CUDA here; not run on a GPU)."""
+    selected: list[object] = [None]
+    seen: list[tuple[str, object]] = []
+
+    @contextlib.contextmanager
+    def device(d: object) -> Iterator[None]:
+        before, selected[0] = selected[0], d
+        try:
+            yield
+        finally:
+            selected[0] = before
+
+    class _Clock:
+        def stamp(self) -> float:
+            seen.append(("stamp", selected[0]))
+            return 0.0
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(sync.comm, "all_reduce", lambda *a, **k: seen.append(("all_reduce", selected[0])))
+    ring = sync._RingThread(_Clock(), group=None)
+    try:
+        buffer = types.SimpleNamespace(is_cuda=True, device=torch.device("cuda", 1))
+        assert ring.submit(buffer, lambda start, end: None).wait(timeout=30)
+    finally:
+        ring.close()
+    assert ring.error is None
+    cuda1 = torch.device("cuda", 1)
+    assert seen == [("stamp", cuda1), ("all_reduce", cuda1), ("stamp", cuda1)]

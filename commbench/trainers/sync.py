@@ -17,6 +17,7 @@ backward.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -137,9 +138,12 @@ class _RingThread:
             buffer, done, record = job
             try:
                 if self.error is None:
-                    start = self.clock.stamp()
-                    comm.all_reduce(buffer, op="sum", algorithm="ring", group=self.group, check=False)
-                    record(start, self.clock.stamp())
+                    # The current CUDA device is per thread, cuda:0 on this one until set: select
+                    # the buffer's, so the ring's work and the clock's events go to its device.
+                    with torch.cuda.device(buffer.device) if buffer.is_cuda else contextlib.nullcontext():
+                        start = self.clock.stamp()
+                        comm.all_reduce(buffer, op="sum", algorithm="ring", group=self.group, check=False)
+                        record(start, self.clock.stamp())
             except BaseException as exc:  # re-raised on the main thread by wait()
                 self.error = exc
             finally:
