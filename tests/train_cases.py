@@ -7,16 +7,35 @@ from typing import Any
 import torch
 
 from commbench.trainers.loop import TrainConfig, Trainer, run_rank
+from commbench.trainers.models import build_model
+
+
+def initial_parameters(config: TrainConfig) -> list[torch.Tensor]:
+    """The parameters every trainer starts from: the model built after seeding, as Trainer does."""
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, **{**dict(config.model_options), "input_shape": config.input_shape()})
+    return [p.detach().clone() for p in model.parameters()]
 
 
 def run_train_case(case: dict[str, Any]) -> Any:
-    """Train ``case['config']``; return each strategy's final parameters and the summaries."""
+    """Train ``case['config']``; return the initial parameters, each strategy's final parameters
+    and buffers, the epoch records and the summaries."""
     config = TrainConfig(**case["config"])
     final: dict[str, list[torch.Tensor]] = {}
+    buffers: dict[str, list[torch.Tensor]] = {}
+    epochs: list[dict[str, Any]] = []
 
     def keep(trainers: list[Trainer]) -> None:
         for tr in trainers:
             final[tr.strategy] = [p.detach().clone() for p in tr.base.parameters()]
+            buffers[tr.strategy] = [b.detach().clone() for b in tr.base.buffers()]
 
-    summaries = run_rank(config, torch.device("cpu"), lambda r: None, None, keep)
-    return {"params": final, "summaries": [s.__dict__ for s in summaries]}
+    start = initial_parameters(config)
+    summaries = run_rank(config, torch.device("cpu"), lambda r: epochs.append(r.__dict__), None, keep)
+    return {
+        "initial": start,
+        "params": final,
+        "buffers": buffers,
+        "epochs": epochs,
+        "summaries": [s.__dict__ for s in summaries],
+    }
