@@ -78,13 +78,13 @@ def test_computed_wire_bytes_per_strategy() -> None:
     assert sum(bucketed) == pytest.approx(sum(ring), rel=0.01)
     assert computed_wire_bytes("none", 1, numels, 4, config) == [0]
     assert computed_wire_bytes("dp", 1, numels, 4, config) is None
-    # ddp adds the broadcast of the model's buffers from rank 0; the others sync gradients only.
-    plain = computed_wire_bytes("ddp", 3, numels, 4, config)
-    with_buffers = computed_wire_bytes("ddp", 3, numels, 4, config, buffer_bytes=4096)
+    # Every strategy that syncs over the network broadcasts the model's buffers from rank 0, as DDP does.
     broadcast = cost("broadcast", "builtin", 3, 4096, 1).sent_bytes
-    assert with_buffers == [a + b for a, b in zip(plain, broadcast, strict=True)]
-    assert sum(with_buffers) - sum(plain) == 2 * 4096  # rank 0's buffers reach the other two
-    assert computed_wire_bytes("bucketed", 3, numels, 4, config, buffer_bytes=4096) == bucketed
+    for strategy in ("naive", "ring", "bucketed", "ddp"):
+        plain = computed_wire_bytes(strategy, 3, numels, 4, config)
+        with_buffers = computed_wire_bytes(strategy, 3, numels, 4, config, buffer_bytes=4096)
+        assert with_buffers == [a + b for a, b in zip(plain, broadcast, strict=True)], strategy
+        assert sum(with_buffers) - sum(plain) == 2 * 4096  # rank 0's buffers reach the other two
 
 
 def test_union_and_overlap() -> None:

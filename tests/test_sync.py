@@ -8,6 +8,7 @@ import copy
 import types
 from collections.abc import Iterator
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -96,3 +97,26 @@ def test_ring_thread_selects_the_buffers_cuda_device(monkeypatch) -> None:
     assert ring.error is None
     cuda1 = torch.device("cuda", 1)
     assert seen == [("stamp", cuda1), ("all_reduce", cuda1), ("stamp", cuda1)]
+
+
+@pytest.mark.parametrize("strategy", ["naive", "bucketed"])
+def test_hand_written_strategies_broadcast_buffers_before_forward_as_comm(monkeypatch, strategy) -> None:
+    """Rank 0's BatchNorm statistics replace this rank's before forward, in one broadcast per dtype,
+    and the broadcast is a communication interval of the step, as ddp's is."""
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    sent: list[torch.dtype] = []
+
+    def broadcast(tensor: torch.Tensor, src: int, group: object = None) -> None:
+        assert src == 0
+        sent.append(tensor.dtype)
+        tensor.fill_(7)  # what rank 0 holds
+
+    monkeypatch.setattr(dist, "broadcast", broadcast)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2), nn.BatchNorm1d(2))
+    grad_sync = sync.make_sync(strategy, CPU)
+    grad_sync.wrap(model)
+    grad_sync.before_forward()
+    assert sorted(map(str, sent)) == ["torch.float32", "torch.int64"]
+    assert all(bool((b == 7).all()) for b in model.buffers())
+    assert len(grad_sync.take_intervals()) == 1
+    grad_sync.close()

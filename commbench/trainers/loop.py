@@ -230,22 +230,22 @@ def wire_bytes_per_sync(
     """Each rank's (sent, received) bytes per sync for ``strategy``, from the cost model; None where
     the strategy's traffic is not modelled (dp and vanilla-dp move data over the local bus).
 
-    ``buffer_bytes``: the model's buffers (BatchNorm statistics), which ddp broadcasts from rank 0
-    before every forward in training, as DistributedDataParallel does by default; the hand-written
-    strategies sync gradients only."""
+    ``buffer_bytes``: the model's buffers (BatchNorm statistics), which ddp and the hand-written
+    strategies broadcast from rank 0 before every forward in training, as DistributedDataParallel
+    does by default."""
     total = sum(numels)
-    if strategy in ("naive", "ring"):
-        c = cost("all_reduce", strategy, world, total, itemsize)
-        return list(c.sent_bytes), list(c.recv_bytes)
-    if strategy in ("bucketed", "ddp"):
-        algorithm = "ring" if strategy == "bucketed" and config.transport == "ring" else "builtin"
-        sent, recv = [0] * world, [0] * world
-        buckets = assign_buckets(
-            numels, itemsize, int(config.bucket_cap_mb * MiB), int(config.first_bucket_mb * MiB)
-        )
-        calls = [cost("all_reduce", algorithm, world, b.numel, itemsize) for b in buckets]
-        if strategy == "ddp" and buffer_bytes:
+    if strategy in ("naive", "ring", "bucketed", "ddp"):
+        if strategy in ("naive", "ring"):
+            calls = [cost("all_reduce", strategy, world, total, itemsize)]
+        else:
+            algorithm = "ring" if strategy == "bucketed" and config.transport == "ring" else "builtin"
+            buckets = assign_buckets(
+                numels, itemsize, int(config.bucket_cap_mb * MiB), int(config.first_bucket_mb * MiB)
+            )
+            calls = [cost("all_reduce", algorithm, world, b.numel, itemsize) for b in buckets]
+        if buffer_bytes:
             calls.append(cost("broadcast", "builtin", world, buffer_bytes, 1))
+        sent, recv = [0] * world, [0] * world
         for c in calls:
             sent = [x + y for x, y in zip(sent, c.sent_bytes, strict=True)]
             recv = [x + y for x, y in zip(recv, c.recv_bytes, strict=True)]
@@ -333,6 +333,7 @@ class Trainer:
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         t0 = clock.stamp()
+        self.sync.before_forward()
         loss = self.loss_fn(self.module(x), y)
         t1 = clock.stamp()
         self.last_grad = None

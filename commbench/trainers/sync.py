@@ -1,10 +1,10 @@
 """Gradient-sync strategies: how the ranks' gradients become one average before the optimizer.
 
 Every strategy has the same small interface, used by ``trainers.loop``:
-``wrap(model)`` returns the module the loop calls forward on, ``after_backward()`` returns once
-every gradient is the average over ranks, and ``take_intervals()`` hands over this step's
-communication as (start, end) clock stamps, so the loop can say how much was hidden behind
-backward.
+``wrap(model)`` returns the module the loop calls forward on, ``before_forward()`` syncs the
+model's buffers where DDP would, ``after_backward()`` returns once every gradient is the average
+over ranks, and ``take_intervals()`` hands over this step's communication as (start, end) clock
+stamps, so the loop can say how much was hidden behind backward.
 
 - ``none``: one rank, nothing to sync.
 - ``naive`` / ``ring``: after backward, pack every gradient into one buffer, allreduce it with the
@@ -66,9 +66,13 @@ class GradSync:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._intervals: list[tuple[Any, Any]] = []
+        self._lock = threading.Lock()  # intervals may be recorded off the main thread
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
+
+    def before_forward(self) -> None:
+        """Called before forward, inside the forward phase's time (where ddp syncs buffers)."""
 
     def before_backward(self) -> None:
         """Called after forward, before ``loss.backward()``."""
@@ -76,12 +80,54 @@ class GradSync:
     def after_backward(self) -> None:
         """Return once every trainable gradient is the average over ranks."""
 
+    def _record(self, start: Any, end: Any) -> None:
+        with self._lock:
+            self._intervals.append((start, end))
+
     def take_intervals(self) -> list[tuple[Any, Any]]:
-        out, self._intervals = self._intervals, []
+        with self._lock:
+            out, self._intervals = self._intervals, []
         return out
 
     def close(self) -> None:
         """Release threads and groups."""
+
+
+def broadcast_buffers(model: nn.Module, group: dist.ProcessGroup | None = None) -> bool:
+    """Copy rank 0's buffers (BatchNorm statistics) to every rank of ``group``, as
+    DistributedDataParallel does before each forward by default: one builtin broadcast per dtype
+    and device, of the buffers packed into one flat tensor. False when the model has none."""
+    kinds: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for b in model.buffers():  # read each time, as DDP does, in case a buffer was reassigned
+        kinds.setdefault((b.dtype, b.device), []).append(b)
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    with torch.no_grad():
+        for (dtype, device), buffers in kinds.items():
+            flat = pack(buffers, torch.empty(sum(b.numel() for b in buffers), dtype=dtype, device=device))
+            dist.broadcast(flat, src=src, group=group)
+            unpack(flat, buffers)
+    return bool(kinds)
+
+
+class _HandWritten(GradSync):
+    """The strategies made here: like DDP, they broadcast rank 0's buffers before each forward,
+    timed as communication (it cannot overlap backward)."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.world = dist.get_world_size()
+        self.model: nn.Module | None = None
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        self.model = model
+        return model
+
+    def before_forward(self) -> None:
+        if self.world == 1 or self.model is None or next(self.model.buffers(), None) is None:
+            return
+        start = self.clock.stamp()
+        broadcast_buffers(self.model)
+        self._record(start, self.clock.stamp())
 
 
 def _grads(params: list[nn.Parameter]) -> list[torch.Tensor]:
@@ -92,14 +138,13 @@ def _grads(params: list[nn.Parameter]) -> list[torch.Tensor]:
     return [p.grad for p in params]
 
 
-class AfterBackward(GradSync):
+class AfterBackward(_HandWritten):
     """Hand-written allreduce of all gradients, in one flat buffer, after backward."""
 
     def __init__(self, clock: Clock, algorithm: str) -> None:
         super().__init__(clock)
         self.name = algorithm
         self.algorithm = algorithm
-        self.world = dist.get_world_size()
         self.params: list[nn.Parameter] = []
         self.flat: torch.Tensor | None = None
 
@@ -107,7 +152,7 @@ class AfterBackward(GradSync):
         self.params = packable(model)
         p0 = self.params[0]
         self.flat = torch.empty(sum(p.numel() for p in self.params), dtype=p0.dtype, device=p0.device)
-        return model
+        return super().wrap(model)
 
     def after_backward(self) -> None:
         assert self.flat is not None
@@ -117,7 +162,7 @@ class AfterBackward(GradSync):
         comm.all_reduce(self.flat, op="sum", algorithm=self.algorithm, check=False)
         self.flat.div_(self.world)
         unpack(self.flat, grads)
-        self._intervals.append((start, self.clock.stamp()))
+        self._record(start, self.clock.stamp())
 
 
 class _RingThread:
@@ -159,7 +204,7 @@ class _RingThread:
         self.thread.join(timeout=30)
 
 
-class Bucketed(GradSync):
+class Bucketed(_HandWritten):
     """Gradient hooks fill buckets; each full bucket's allreduce overlaps the rest of backward."""
 
     name = "bucketed"
@@ -175,9 +220,7 @@ class Bucketed(GradSync):
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}; choose from {', '.join(TRANSPORTS)}")
         self.transport, self.cap_bytes, self.first_cap_bytes = transport, cap_bytes, first_cap_bytes
-        self.world = dist.get_world_size()
         self.ring: _RingThread | None = None
-        self._lock = threading.Lock()
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self.params = packable(model)
@@ -195,7 +238,7 @@ class Bucketed(GradSync):
             p2p.prepare(group)  # here on the main thread, where every rank creates groups
             self.ring = _RingThread(self.clock, group)
         self.before_backward()
-        return model
+        return super().wrap(model)
 
     def before_backward(self) -> None:
         self.waiting = [len(b.params) for b in self.buckets]
@@ -209,10 +252,6 @@ class Bucketed(GradSync):
         while self.next_launch < len(self.buckets) and self.waiting[self.next_launch] == 0:
             self._launch(self.next_launch)
             self.next_launch += 1
-
-    def _record(self, start: Any, end: Any) -> None:
-        with self._lock:
-            self._intervals.append((start, end))
 
     def _launch(self, b: int) -> None:
         bucket, buffer = self.buckets[b], self.buffers[b]
@@ -261,7 +300,6 @@ class DDPSync(GradSync):
     ) -> None:
         super().__init__(clock)
         self.cap_bytes, self.first_cap_bytes = cap_bytes, first_cap_bytes
-        self._lock = threading.Lock()
 
     def _bucket_args(self) -> dict[str, Any]:
         """DDP's own defaults (25 MiB, first bucket 1 MiB) when asked for; else both caps, per bucket."""
@@ -284,6 +322,16 @@ class DDPSync(GradSync):
             model, device_ids=[device] if device.type == "cuda" else None, **self._bucket_args()
         )
         ddp.register_comm_hook(None, self._hook)
+        sync_buffers = getattr(ddp, "_sync_buffers", None)
+        if callable(sync_buffers):  # DDP's buffer broadcast before forward, timed as the others' is
+            # (a private method: where a torch lacks it, the broadcast goes untimed, not undone)
+
+            def timed() -> None:
+                start = self.clock.stamp()
+                sync_buffers()
+                self._record(start, self.clock.stamp())
+
+            ddp._sync_buffers = timed
         return ddp
 
     def _hook(self, state, bucket):  # noqa: ANN001 - DDP rejects any annotation but a real GradBucket
@@ -293,9 +341,7 @@ class DDPSync(GradSync):
         fut = dist.all_reduce(buffer, async_op=True).get_future()
 
         def done(f: torch.futures.Future) -> torch.Tensor:
-            end = self.clock.stamp()
-            with self._lock:
-                self._intervals.append((start, end))
+            self._record(start, self.clock.stamp())
             return f.value()[0]
 
         return fut.then(done)
