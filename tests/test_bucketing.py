@@ -50,13 +50,27 @@ def test_bad_caps_rejected() -> None:
         assign_buckets([-1], 4)
 
 
-def test_syncs_and_grad_bytes_match_the_study_formula() -> None:
-    # N = 60000, B = 1024, k = 4: ceil(60000 / 4096) = 15 syncs; 119586826 params x 4 B x 15.
-    assert syncs_per_epoch(60000, 1024, 4, None) == 15
+def test_syncs_and_grad_bytes_count_the_steps_the_loader_runs() -> None:
+    # N = 60000, B = 1024, k = 4: 15000 samples a rank make 14 whole batches (ceil gave 15).
+    assert syncs_per_epoch(60000, 1024, 4, None) == 14
+    assert syncs_per_epoch(1000, 64, 2, None) == 7  # 8 counted, 7 run: grad bytes 14% over
     assert syncs_per_epoch(60000, 1024, 4, 10) == 10
-    assert grad_bytes_per_epoch(119586826, 4, 15) == 119586826 * 4 * 15
+    assert grad_bytes_per_epoch(119586826, 4, 14) == 119586826 * 4 * 14
     with pytest.raises(ValueError):
         syncs_per_epoch(10, 0, 1, None)
+
+
+@given(st.integers(0, 3000), st.integers(1, 300), st.integers(1, 8))
+def test_syncs_per_epoch_is_the_loaders_length(samples: int, batch: int, world: int) -> None:
+    """The training loop's loader: a DistributedSampler and a DataLoader, both dropping the rest."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    data = range(samples)
+    lengths = set()
+    for rank in range(world):
+        sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=False, drop_last=True)
+        lengths.add(len(DataLoader(data, batch_size=batch, sampler=sampler, drop_last=True)))
+    assert lengths == {syncs_per_epoch(samples, batch, world, None)}
 
 
 def test_computed_wire_bytes_per_strategy() -> None:

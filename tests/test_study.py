@@ -541,6 +541,8 @@ def test_bytes_per_epoch_are_for_a_whole_pass_over_the_training_set():
     assert gradient(None, small) == pytest.approx(32.0) and gradient(None, large) == pytest.approx(8.0)
     assert wire(None, small) == pytest.approx(64.0)
     assert gradient(None, {k: v for k, v in small.items() if k != "samples"}) == pytest.approx(4.0)
+    # A whole pass is the loader's steps: 1000 samples at a global batch of 128 make 7, not 8.
+    assert gradient(None, {**large, "samples": 1000}) == pytest.approx(7.0)
 
 
 def test_gradient_rate_is_not_shown_where_nothing_moved():

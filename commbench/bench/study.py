@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import math
 import shlex
 import signal
 import statistics
@@ -715,11 +714,12 @@ def _epoch_time(s: dict[str, Any]) -> float:
 
 def _whole_pass(summary: dict[str, Any], per_epoch: int) -> float:
     """MB of ``per_epoch`` bytes (over the epoch's syncs) for a whole pass over the training set:
-    ceil(samples / global batch) syncs (files written before ``samples`` was recorded: as run)."""
+    samples // global batch syncs, the steps the loader runs (the partial last batch is dropped;
+    files written before ``samples`` was recorded: as run)."""
     syncs, samples = summary["syncs_per_epoch"], summary.get("samples")
     if not samples or not syncs:
         return per_epoch / 1e6
-    return per_epoch / syncs * math.ceil(samples / summary["global_batch"]) / 1e6
+    return per_epoch / syncs * (samples // summary["global_batch"]) / 1e6
 
 
 def _grad_gbps(s: dict[str, Any]) -> float | None:

@@ -8,7 +8,6 @@ first allreduce starts early, and a parameter larger than the cap gets a bucket 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -66,14 +65,16 @@ def assign_buckets(
 
 
 def syncs_per_epoch(num_samples: int, batch_size: int, world_size: int, steps_per_epoch: int | None) -> int:
-    """Gradient syncs in one epoch: ceil(N / (B x k)), bounded by ``steps_per_epoch``.
+    """Gradient syncs in one epoch, the steps the loop's loader runs: floor(floor(N / k) / B), which
+    is floor(N / (B x k)), bounded by ``steps_per_epoch``.
 
-    The loader drops the last partial batch so every rank takes the same number of steps; the
-    formula is the study's ceil, and the loop's real step count is recorded beside it.
+    Every rank takes the same number of steps, so the sampler drops the samples that do not
+    divide among the ranks and the loader each rank's last partial batch (the studies' N / (B x k)
+    rounded down, not up).
     """
     if batch_size < 1 or world_size < 1:
         raise ValueError(f"batch size and world size must be >= 1, got {batch_size} and {world_size}")
-    syncs = math.ceil(num_samples / (batch_size * world_size))
+    syncs = num_samples // world_size // batch_size
     return syncs if steps_per_epoch is None else min(syncs, steps_per_epoch)
 
 

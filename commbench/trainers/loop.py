@@ -215,7 +215,7 @@ class TrainSummary:
     grad_bytes_per_epoch: int
     wire_bytes_per_rank_per_epoch: list[int] | None
     step_time_ratio_to_ddp: float | None
-    samples: int | None = None  # the training set's size: a whole pass is ceil(samples / global batch) syncs
+    samples: int | None = None  # the training set's size: a whole pass is samples // global batch syncs
     type: str = "train_summary"
 
 
