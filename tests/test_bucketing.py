@@ -78,16 +78,20 @@ def test_computed_wire_bytes_per_strategy() -> None:
 
     numels = [1000, 50_000, 300_000]
     config = TrainConfig(strategies=("bucketed",), bucket_cap_mb=1.0, first_bucket_mb=0.5)
+    # The hand-written strategies send one flag a parameter beside the gradients (did it get one).
     ring = computed_wire_bytes("ring", 3, numels, 4, config)
-    assert ring == list(cost("all_reduce", "ring", 3, sum(numels), 4).sent_bytes)
+    assert ring == list(cost("all_reduce", "ring", 3, sum(numels) + 3, 4).sent_bytes)
     naive = computed_wire_bytes("naive", 3, numels, 4, config)
-    assert naive[0] == 2 * sum(numels) * 4 and naive[1] == sum(numels) * 4
+    assert naive[0] == 2 * (sum(numels) + 3) * 4 and naive[1] == (sum(numels) + 3) * 4
     bucketed = computed_wire_bytes("bucketed", 3, numels, 4, config)
-    expected = [0, 0, 0]
+    ddp = computed_wire_bytes("ddp", 3, numels, 4, config)
+    expected, expected_ddp = [0, 0, 0], [0, 0, 0]
     for b in assign_buckets(numels, 4, MiB, MiB // 2):
-        for r, s in enumerate(cost("all_reduce", "builtin", 3, b.numel, 4).sent_bytes):
+        for r, s in enumerate(cost("all_reduce", "builtin", 3, b.numel + len(b.params), 4).sent_bytes):
             expected[r] += s
-    assert bucketed == expected
+        for r, s in enumerate(cost("all_reduce", "builtin", 3, b.numel, 4).sent_bytes):
+            expected_ddp[r] += s
+    assert bucketed == expected and ddp == expected_ddp
     # Ring priced per bucket moves about 2 (n-1)/n of the gradient bytes, like one big ring.
     assert sum(bucketed) == pytest.approx(sum(ring), rel=0.01)
     assert computed_wire_bytes("none", 1, numels, 4, config) == [0]

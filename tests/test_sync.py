@@ -120,3 +120,73 @@ def test_hand_written_strategies_broadcast_buffers_before_forward_as_comm(monkey
     assert all(bool((b == 7).all()) for b in model.buffers())
     assert len(grad_sync.take_intervals()) == 1
     grad_sync.close()
+
+
+class _Branch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 2), nn.Linear(4, 2)
+        self.use_b = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + (self.b(x) if self.use_b else 0)
+
+
+def _fake_allreduce(monkeypatch, strategy: str, other_rank: str) -> None:
+    """Two ranks; the other holds what this one holds ("same"), or ones everywhere ("ones")."""
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+
+    def combine(t: torch.Tensor) -> None:
+        # bucketed divides by the world size before its allreduce, naive after
+        t.mul_(2) if other_rank == "same" else t.add_(0.5 if strategy == "bucketed" else 1.0)
+
+    class Work(_LateWork):
+        def wait(self) -> bool:
+            combine(self.tensor)
+            return True
+
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, *a, async_op=False, **k: Work(tensor))
+    monkeypatch.setattr(sync.comm, "all_reduce", lambda tensor, *a, **k: combine(tensor))
+
+
+def _steps(strategy: str | None, uses: list[bool]) -> tuple[nn.Module, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = _Branch()
+    grad_sync = sync.make_sync(strategy, CPU) if strategy else None
+    module = grad_sync.wrap(model) if grad_sync else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(8, 4)
+    weights = []
+    for use in uses:
+        optimizer.zero_grad(set_to_none=True)
+        model.use_b = use
+        if grad_sync:
+            grad_sync.before_backward()
+        module(x).sum().backward()
+        if grad_sync:
+            grad_sync.after_backward()
+        optimizer.step()
+        weights.append(model.b.weight.detach().clone())
+    return model, weights
+
+
+@pytest.mark.parametrize("strategy", ["naive", "bucketed"])
+def test_a_parameter_no_rank_used_keeps_no_gradient(monkeypatch, strategy) -> None:
+    """Unused on every rank, a parameter's gradient stays None, so SGD skips it as plain torch does:
+    given zeros, momentum went on moving it (0.48 then 0.43 in the review's run)."""
+    _fake_allreduce(monkeypatch, strategy, "same")
+    uses = [True, False, False]
+    _, plain = _steps(None, uses)
+    model, synced = _steps(strategy, uses)
+    assert model.b.weight.grad is None and model.a.weight.grad is not None
+    for step, (w, v) in enumerate(zip(synced, plain, strict=True)):
+        torch.testing.assert_close(w, v, msg=lambda m, step=step: f"step {step}: {m}")
+
+
+@pytest.mark.parametrize("strategy", ["naive", "bucketed"])
+def test_a_parameter_another_rank_used_gets_the_mean_gradient(monkeypatch, strategy) -> None:
+    """Unused here but used by the other rank: this rank's zeros enter the mean, as in DDP."""
+    _fake_allreduce(monkeypatch, strategy, "ones")
+    model, _ = _steps(strategy, [False])
+    assert model.b.weight.grad is not None
+    torch.testing.assert_close(model.b.weight.grad, torch.full_like(model.b.weight, 0.5))

@@ -232,17 +232,22 @@ def wire_bytes_per_sync(
 
     ``buffer_bytes``: the model's buffers (BatchNorm statistics), which ddp and the hand-written
     strategies broadcast from rank 0 before every forward in training, as DistributedDataParallel
-    does by default."""
+    does by default. The hand-written strategies' allreduces carry one element more a parameter
+    (whether it got a gradient: ``sync._pack_with_flags``)."""
     total = sum(numels)
     if strategy in ("naive", "ring", "bucketed", "ddp"):
+        flag = int(strategy != "ddp")
         if strategy in ("naive", "ring"):
-            calls = [cost("all_reduce", strategy, world, total, itemsize)]
+            calls = [cost("all_reduce", strategy, world, total + flag * len(numels), itemsize)]
         else:
             algorithm = "ring" if strategy == "bucketed" and config.transport == "ring" else "builtin"
             buckets = assign_buckets(
                 numels, itemsize, int(config.bucket_cap_mb * MiB), int(config.first_bucket_mb * MiB)
             )
-            calls = [cost("all_reduce", algorithm, world, b.numel, itemsize) for b in buckets]
+            calls = [
+                cost("all_reduce", algorithm, world, b.numel + flag * len(b.params), itemsize)
+                for b in buckets
+            ]
         if buffer_bytes:
             calls.append(cost("broadcast", "builtin", world, buffer_bytes, 1))
         sent, recv = [0] * world, [0] * world

@@ -130,16 +130,37 @@ class _HandWritten(GradSync):
         self._record(start, self.clock.stamp())
 
 
-def _grads(params: list[nn.Parameter]) -> list[torch.Tensor]:
-    """Gradients of ``params``; a parameter that got none contributes zeros."""
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    return [p.grad for p in params]
+def _pack_with_flags(params: list[nn.Parameter], buffer: torch.Tensor) -> list[int]:
+    """Pack the gradients of ``params`` into ``buffer``, then one flag each: 1 where the parameter
+    got a gradient, 0 where not, its gradient taken as zeros meanwhile. Returns the indices of the
+    latter: after the allreduce, :func:`_unused_to_none` gives back None where no rank had one."""
+    missing = [i for i, p in enumerate(params) if p.grad is None]
+    for i in missing:
+        params[i].grad = torch.zeros_like(params[i])
+    n = buffer.numel() - len(params)
+    pack([p.grad for p in params], buffer[:n])
+    flags = buffer[n:]
+    flags.fill_(1)
+    if missing:
+        flags[missing] = 0
+    return missing
+
+
+def _unused_to_none(params: list[nn.Parameter], buffer: torch.Tensor, missing: list[int]) -> None:
+    """Unpack the summed gradients; a parameter no rank had a gradient for gets None back, as
+    without a sync (SGD with momentum would otherwise go on moving it), and as DDP leaves it."""
+    n = buffer.numel() - len(params)
+    unpack(buffer[:n], [p.grad for p in params])
+    if missing:  # only then is the flags' sum worth a read (on CUDA, a wait for the device)
+        used = buffer[n:][missing].tolist()
+        for i, u in zip(missing, used, strict=True):
+            if u == 0:
+                params[i].grad = None
 
 
 class AfterBackward(_HandWritten):
-    """Hand-written allreduce of all gradients, in one flat buffer, after backward."""
+    """Hand-written allreduce of all gradients, in one flat buffer, after backward (and one flag a
+    parameter: whether it got a gradient, see _pack_with_flags)."""
 
     def __init__(self, clock: Clock, algorithm: str) -> None:
         super().__init__(clock)
@@ -151,17 +172,17 @@ class AfterBackward(_HandWritten):
     def wrap(self, model: nn.Module) -> nn.Module:
         self.params = packable(model)
         p0 = self.params[0]
-        self.flat = torch.empty(sum(p.numel() for p in self.params), dtype=p0.dtype, device=p0.device)
+        size = sum(p.numel() for p in self.params) + len(self.params)
+        self.flat = torch.empty(size, dtype=p0.dtype, device=p0.device)
         return super().wrap(model)
 
     def after_backward(self) -> None:
         assert self.flat is not None
-        grads = _grads(self.params)
         start = self.clock.stamp()
-        pack(grads, self.flat)
+        missing = _pack_with_flags(self.params, self.flat)
         comm.all_reduce(self.flat, op="sum", algorithm=self.algorithm, check=False)
         self.flat.div_(self.world)
-        unpack(self.flat, grads)
+        _unused_to_none(self.params, self.flat, missing)
         self._record(start, self.clock.stamp())
 
 
@@ -228,7 +249,10 @@ class Bucketed(_HandWritten):
         self.buckets = assign_buckets(
             [p.numel() for p in self.params], p0.element_size(), self.cap_bytes, self.first_cap_bytes
         )
-        self.buffers = [torch.empty(b.numel, dtype=p0.dtype, device=p0.device) for b in self.buckets]
+        # Each bucket's gradients, then one flag a parameter (see _pack_with_flags).
+        self.buffers = [
+            torch.empty(b.numel + len(b.params), dtype=p0.dtype, device=p0.device) for b in self.buckets
+        ]
         self.bucket_of = {i: b.index for b in self.buckets for i in b.params}
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
@@ -244,6 +268,7 @@ class Bucketed(_HandWritten):
         self.waiting = [len(b.params) for b in self.buckets]
         self.next_launch = 0
         self.handles: list[Any] = [None] * len(self.buckets)
+        self.missing: list[list[int]] = [[] for _ in self.buckets]
 
     def _grad_ready(self, i: int) -> None:
         b = self.bucket_of[i]
@@ -255,7 +280,7 @@ class Bucketed(_HandWritten):
 
     def _launch(self, b: int) -> None:
         bucket, buffer = self.buckets[b], self.buffers[b]
-        pack(_grads([self.params[i] for i in bucket.params]), buffer)
+        self.missing[b] = _pack_with_flags([self.params[i] for i in bucket.params], buffer)
         buffer.div_(self.world)
         if self.ring is not None:
             self.handles[b] = self.ring.submit(buffer, self._record)
@@ -269,10 +294,15 @@ class Bucketed(_HandWritten):
         self.handles[b] = (work, timed)
 
     def after_backward(self) -> None:
-        while self.next_launch < len(self.buckets):  # parameters that got no gradient this step
+        # Buckets holding a parameter that got no gradient this step: launched only now, and the
+        # buckets after them too, since buckets start in order (the price of not knowing in advance
+        # which parameters backward will skip; DDP without find_unused_parameters refuses them).
+        while self.next_launch < len(self.buckets):
             self._launch(self.next_launch)
             self.next_launch += 1
-        for bucket, buffer, handle in zip(self.buckets, self.buffers, self.handles, strict=True):
+        for bucket, buffer, handle, missing in zip(
+            self.buckets, self.buffers, self.handles, self.missing, strict=True
+        ):
             if self.ring is not None:
                 if not handle.wait(timeout=dist.default_pg_timeout.total_seconds()):
                     raise TimeoutError("the ring thread did not finish a bucket in time")
@@ -282,7 +312,7 @@ class Bucketed(_HandWritten):
                 work, timed = handle
                 work.wait()  # CUDA: the current stream waits for the allreduce before unpack reads it
                 timed.wait()  # and its interval is recorded before take_intervals
-            unpack(buffer, [self.params[i].grad for i in bucket.params])
+            _unused_to_none([self.params[i] for i in bucket.params], buffer, missing)
         self.before_backward()
 
     def close(self) -> None:
