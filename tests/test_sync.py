@@ -190,3 +190,50 @@ def test_a_parameter_another_rank_used_gets_the_mean_gradient(monkeypatch, strat
     model, _ = _steps(strategy, [False])
     assert model.b.weight.grad is not None
     torch.testing.assert_close(model.b.weight.grad, torch.full_like(model.b.weight, 0.5))
+
+
+def test_dp_comm_is_not_measured_rather_than_zero(monkeypatch, tmp_path) -> None:
+    """nn.DataParallel's copies run inside torch, where no stamp reaches: its comm time was 0 ms,
+    as if it moved nothing; it is now None and shown as '-'. vanilla-dp times its copies."""
+    from commbench.bench.report import plot_training
+    from commbench.bench.train import summary_table
+    from commbench.trainers.dataparallel import DataParallelSync
+    from commbench.trainers.loop import PHASES, epoch_record
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not DataParallelSync(CPU, "dp").measures_comm
+    assert DataParallelSync(CPU, "vanilla-dp").measures_comm
+    assert sync.make_sync("none", CPU).measures_comm  # nothing to sync: 0 ms is measured
+
+    times = torch.full((3, len(PHASES)), 0.001, dtype=torch.float64)
+    times[:, PHASES.index("comm")] = 0.0
+    losses = torch.ones(3, dtype=torch.float64)
+    dp = epoch_record("dp", 1, 1, 8, times, losses, 0.0, (None, None), comm_measured=False)
+    assert dp.comm_ms is None and dp.hidden_comm_fraction is None
+    assert epoch_record("none", 1, 1, 8, times, losses, 0.0, (None, None)).comm_ms == 0.0
+
+    summary = {
+        "strategy": "dp",
+        "model": "mlp",
+        "world_size": 1,
+        "backend": "none",
+        "batch_size": 8,
+        "step_time_ms": 5.0,
+        "data_ms": 0.1,
+        "forward_ms": 1.0,
+        "backward_ms": 2.0,
+        "exposed_comm_ms": 0.0,
+        "optimizer_ms": 0.5,
+        "comm_ms": None,
+        "hidden_comm_fraction": None,
+        "images_per_s": 1600.0,
+        "final_loss": 2.0,
+        "final_accuracy": None,
+        "grad_bytes_per_epoch": 4000,
+        "wire_bytes_per_rank_per_epoch": None,
+        "step_time_ratio_to_ddp": None,
+    }
+    row = summary_table([summary]).splitlines()[1].split()
+    assert row[0] == "dp" and row[7] == "-"  # the comm ms column
+    plot_training([], [summary], tmp_path / "b.png", tmp_path / "l.png")
+    assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"

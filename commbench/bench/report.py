@@ -188,7 +188,7 @@ def plot_training(
             values = [s[key] for s in summaries]
             ax.bar(names, values, bottom=bottom, label=label)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        hidden = [s["comm_ms"] - s["exposed_comm_ms"] for s in summaries]
+        hidden = [(s["comm_ms"] or 0.0) - s["exposed_comm_ms"] for s in summaries]  # None: not measured
         ax.scatter(
             names,
             [max(h, 0.0) for h in hidden],

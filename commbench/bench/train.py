@@ -164,7 +164,7 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
         lines.append(
             f"{s['strategy']:>10} {s['step_time_ms']:8.2f} {s['data_ms']:6.2f} {s['forward_ms']:7.2f} "
             f"{s['backward_ms']:7.2f} {s['exposed_comm_ms']:8.2f} {s['optimizer_ms']:6.2f} "
-            f"{s['comm_ms']:8.2f} {_pct(hidden, 6)} "
+            f"{_fmt(s['comm_ms'], '.2f', 8)} {_pct(hidden, 6)} "
             f"{s['images_per_s']:8.0f} {s['final_loss']:7.3f} "
             f"{_pct(s['final_accuracy'], 6, 1)} "
             f"{s['grad_bytes_per_epoch'] / 1e6:10.1f} "

@@ -4,6 +4,10 @@
 replicate the module to every GPU (parameter broadcast), scatter the batch, run the replicas in
 parallel, gather the outputs on the first GPU. Backward sums the replicas' gradients back onto
 the first GPU through the autograd graph of ``replicate``. Both strategies need CUDA.
+
+What is timed as communication: for ``vanilla-dp``, scatter with replicate and gather, in
+forward; the gradients' reduction inside backward is not (it is backward time). For ``dp``
+nothing: its copies run inside nn.DataParallel, so its comm time is reported as not measured.
 """
 
 from __future__ import annotations
@@ -34,6 +38,12 @@ class VanillaDataParallel(nn.Module):
         replicas = replicate(self.module, self.device_ids[: len(inputs)])
         t1 = self.clock.stamp()
         outputs = parallel_apply(replicas, [(i,) for i in inputs])
+        # Each replica ran on its device's current stream: the first device's waits for them all,
+        # so the gather's interval starts once the slowest replica is done (a replica slower than
+        # the first was counted as gather time: forward imbalance taken for communication).
+        first = torch.cuda.current_stream(self.device_ids[0])
+        for d in self.device_ids[1 : len(inputs)]:
+            first.wait_stream(torch.cuda.current_stream(d))
         t2 = self.clock.stamp()
         out = gather(outputs, self.device_ids[0])
         self.intervals += [(t0, t1), (t2, self.clock.stamp())]
@@ -48,6 +58,7 @@ class DataParallelSync(GradSync):
         if not torch.cuda.is_available():
             raise ValueError(f"strategy {strategy} needs CUDA devices; none is available")
         self.name = strategy
+        self.measures_comm = strategy == "vanilla-dp"
         self.module: VanillaDataParallel | None = None
 
     def wrap(self, model: nn.Module) -> nn.Module:

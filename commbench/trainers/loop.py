@@ -163,7 +163,7 @@ class EpochRecord:
     backward_ms: float
     exposed_comm_ms: float
     optimizer_ms: float
-    comm_ms: float
+    comm_ms: float | None  # None: the strategy's communication is not measured (dp)
     hidden_comm_fraction: float | None
     step_losses: list[float]
     # Interface bytes per step counted around this strategy's steps (``--probe``); None if not measured.
@@ -198,7 +198,7 @@ class TrainSummary:
     backward_ms: float
     optimizer_ms: float
     compute_ms: float
-    comm_ms: float
+    comm_ms: float | None  # None: the strategy's communication is not measured (dp)
     exposed_comm_ms: float
     hidden_comm_fraction: float | None
     images_per_s: float
@@ -435,6 +435,7 @@ def epoch_record(
     cumulative_s: float,
     evaluation: tuple[float | None, float | None],
     wire: Any = None,
+    comm_measured: bool = True,
 ) -> EpochRecord:
     col = {name: times[:, i] for i, name in enumerate(PHASES)}
     steps = times.shape[0]
@@ -459,8 +460,8 @@ def epoch_record(
         backward_ms=median_ms(col["backward"]),
         exposed_comm_ms=median_ms(col["exposed_comm"]),
         optimizer_ms=median_ms(col["optimizer"]),
-        comm_ms=median_ms(col["comm"]),
-        hidden_comm_fraction=hidden_fraction(times),
+        comm_ms=median_ms(col["comm"]) if comm_measured else None,
+        hidden_comm_fraction=hidden_fraction(times) if comm_measured else None,
         step_losses=[float(v) for v in losses],
         **({} if wire is None else wire.fields()),
     )
@@ -506,9 +507,9 @@ def summarise(
         backward_ms=median_ms(col["backward"]),
         optimizer_ms=median_ms(col["optimizer"]),
         compute_ms=median_ms(col["forward"] + col["backward"] + col["optimizer"]),
-        comm_ms=median_ms(col["comm"]),
+        comm_ms=median_ms(col["comm"]) if trainer.sync.measures_comm else None,
         exposed_comm_ms=median_ms(col["exposed_comm"]),
-        hidden_comm_fraction=hidden_fraction(timed),
+        hidden_comm_fraction=hidden_fraction(timed) if trainer.sync.measures_comm else None,
         images_per_s=batch_size * world / (step_ms / 1e3) if step_ms > 0 else 0.0,
         first_epoch_time_s=epochs[0].time_s,
         later_epoch_time_s=statistics.mean(e.time_s for e in epochs[1:]) if len(epochs) > 1 else None,
@@ -697,7 +698,16 @@ def run_rank(
                     wire = windows.take(tr.strategy, steps, *per_sync, sum(tr.numels) * tr.itemsize)
                 evaluation = tr.evaluate(test_loader, config.steps_per_epoch)
                 record = epoch_record(
-                    tr.strategy, world, epoch, batch, times, losses, prior, evaluation, wire
+                    tr.strategy,
+                    world,
+                    epoch,
+                    batch,
+                    times,
+                    losses,
+                    prior,
+                    evaluation,
+                    wire,
+                    comm_measured=tr.sync.measures_comm,
                 )
                 history[tr.strategy].append(record)
                 emit(record)

@@ -62,6 +62,9 @@ class GradSync:
     """No communication: the ``none`` strategy, and the base of the others."""
 
     name = "none"
+    # False where the communication happens inside torch where no stamp reaches it (dp): its
+    # comm time is then reported as not measured (None), not as 0.
+    measures_comm = True
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
