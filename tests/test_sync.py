@@ -237,3 +237,18 @@ def test_dp_comm_is_not_measured_rather_than_zero(monkeypatch, tmp_path) -> None
     assert row[0] == "dp" and row[7] == "-"  # the comm ms column
     plot_training([], [summary], tmp_path / "b.png", tmp_path / "l.png")
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ddp_refuses_a_first_bucket_where_torch_cannot_take_one(monkeypatch) -> None:
+    """Without bucket_cap_mb_list, DDP's first bucket is 1 MiB whatever was asked: the run went on
+    with its first bucket silently not the one asked for. Refused before any rank starts now."""
+    from commbench.trainers.loop import TrainConfig
+
+    monkeypatch.setattr(sync, "ddp_takes_bucket_list", lambda: False)
+    with pytest.raises(ValueError, match=r"^--first-bucket-mb 0\.5 needs DistributedDataParallel's"):
+        TrainConfig(strategies=("ddp",), first_bucket_mb=0.5)
+    with pytest.raises(ValueError, match="bucket_cap_mb_list"):
+        sync.DDPSync(CPU, cap_bytes=4 << 20, first_cap_bytes=1 << 19)._bucket_args()
+    TrainConfig(strategies=("bucketed",), first_bucket_mb=0.5)  # the hand-written buckets take it
+    TrainConfig(strategies=("ddp",), bucket_cap_mb=4.0)  # DDP's own first bucket is the default
+    assert sync.DDPSync(CPU, cap_bytes=4 << 20)._bucket_args() == {"bucket_cap_mb": 4.0}

@@ -50,6 +50,9 @@ SUMMARY_KEYS = (
         # Under a byte, the cap used to pass here and fail ddp's byte count after a whole epoch.
         (["train", "--bucket-cap-mb", "1e-7"], "bucket cap mb must be at least 1 byte"),
         (["train", "--first-bucket-mb", "1e-7"], "first bucket mb must be at least 1 byte"),
+        # Over an int64 of bytes, ddp failed inside torch with a cut-off TypeError.
+        (["train", "--bucket-cap-mb", "1e30"], "bucket cap mb must be at most 1048576 MiB (1 TiB)"),
+        (["train", "--first-bucket-mb", "2e6"], "first bucket mb must be at most 1048576 MiB"),
         (["train", "--transport", "pigeon"], "invalid choice"),
         (["train", "--momentum", "1"], "momentum"),
         (["train", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),

@@ -62,8 +62,18 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         default="backend",
         help="bucketed: the backend's async allreduce or the hand-written ring on its own thread",
     )
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="bucket cap in MiB (default 25, as DDP)")
-    p.add_argument("--first-bucket-mb", type=float, default=1.0, help="first bucket's cap in MiB (default 1)")
+    p.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=25.0,
+        help="bucket cap in MiB, up to 2^20 (default 25, as DDP)",
+    )
+    p.add_argument(
+        "--first-bucket-mb",
+        type=float,
+        default=1.0,
+        help="first bucket's cap in MiB (default 1); ddp takes another where torch has bucket_cap_mb_list",
+    )
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation after each epoch")
     from commbench.bench.probing import add_probe_args
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 MiB = 1 << 20
 DEFAULT_CAP_BYTES = 25 * MiB
 DEFAULT_FIRST_CAP_BYTES = 1 * MiB
+MAX_CAP_MB = float(1 << 20)  # 1 TiB: far past any model, and its bytes still a C++ int64 for DDP
 
 
 @dataclass(frozen=True, kw_only=True)

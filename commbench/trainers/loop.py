@@ -23,7 +23,14 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from commbench.comm.costmodel import cost
 from commbench.trainers import sync as sync_mod
-from commbench.trainers.bucketing import MiB, assign_buckets, grad_bytes_per_epoch, syncs_per_epoch
+from commbench.trainers.bucketing import (
+    DEFAULT_FIRST_CAP_BYTES,
+    MAX_CAP_MB,
+    MiB,
+    assign_buckets,
+    grad_bytes_per_epoch,
+    syncs_per_epoch,
+)
 from commbench.trainers.timing import Clock, overlap_length, union_length
 
 LR_SCALINGS = ("none", "linear")
@@ -105,6 +112,14 @@ class TrainConfig:
                 raise ValueError(
                     f"{name.replace('_', ' ')} must be at least 1 byte, got {getattr(self, name)} MiB"
                 )
+            if getattr(self, name) > MAX_CAP_MB:
+                raise ValueError(
+                    f"{name.replace('_', ' ')} must be at most {MAX_CAP_MB:.0f} MiB (1 TiB), "
+                    f"got {getattr(self, name)} MiB"
+                )
+        first_own = int(self.first_bucket_mb * MiB) != DEFAULT_FIRST_CAP_BYTES
+        if "ddp" in self.strategies and first_own and not sync_mod.ddp_takes_bucket_list():
+            raise ValueError(sync_mod.first_bucket_unsupported(self.first_bucket_mb))
         if not (0 <= self.momentum < 1):
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.lr_scaling not in LR_SCALINGS:

@@ -323,6 +323,24 @@ class Bucketed(_HandWritten):
             self.ring.close()
 
 
+def ddp_takes_bucket_list() -> bool:
+    """Whether this torch's DistributedDataParallel takes ``bucket_cap_mb_list``, the only way to
+    give it a first bucket other than its own 1 MiB (older ones take ``bucket_cap_mb`` alone)."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    return "bucket_cap_mb_list" in inspect.signature(DistributedDataParallel).parameters
+
+
+def first_bucket_unsupported(first_mb: float) -> str:
+    """Why ddp cannot take a first bucket of ``first_mb`` MiB on this torch."""
+    return (
+        f"--first-bucket-mb {first_mb:g} needs DistributedDataParallel's bucket_cap_mb_list, which "
+        f"torch {torch.__version__} lacks (its first bucket is 1 MiB): leave it at 1 for ddp"
+    )
+
+
 class DDPSync(GradSync):
     """torch DistributedDataParallel; its comm hook is the default allreduce plus timestamps."""
 
@@ -335,16 +353,15 @@ class DDPSync(GradSync):
         self.cap_bytes, self.first_cap_bytes = cap_bytes, first_cap_bytes
 
     def _bucket_args(self) -> dict[str, Any]:
-        """DDP's own defaults (25 MiB, first bucket 1 MiB) when asked for; else both caps, per bucket."""
-        import inspect
-
-        from torch.nn.parallel import DistributedDataParallel
-
+        """DDP's own defaults (25 MiB, first bucket 1 MiB) when asked for; else both caps, per
+        bucket. ValueError for a first cap of its own where this torch cannot take one."""
         if (self.cap_bytes, self.first_cap_bytes) == (DEFAULT_CAP_BYTES, DEFAULT_FIRST_CAP_BYTES):
             return {}
         cap_mb, first_mb = self.cap_bytes / (1 << 20), self.first_cap_bytes / (1 << 20)
-        if "bucket_cap_mb_list" in inspect.signature(DistributedDataParallel).parameters:
+        if ddp_takes_bucket_list():
             return {"bucket_cap_mb_list": [first_mb, cap_mb]}
+        if self.first_cap_bytes != DEFAULT_FIRST_CAP_BYTES:
+            raise ValueError(first_bucket_unsupported(first_mb))
         return {"bucket_cap_mb": cap_mb}
 
     def wrap(self, model: nn.Module) -> nn.Module:
