@@ -96,10 +96,10 @@ class GradSync:
         """Release threads and groups."""
 
 
-def broadcast_buffers(model: nn.Module, group: dist.ProcessGroup | None = None) -> bool:
+def broadcast_buffers(model: nn.Module, group: dist.ProcessGroup | None = None) -> None:
     """Copy rank 0's buffers (BatchNorm statistics) to every rank of ``group``, as
     DistributedDataParallel does before each forward by default: one builtin broadcast per dtype
-    and device, of the buffers packed into one flat tensor. False when the model has none."""
+    and device, of the buffers packed into one flat tensor."""
     kinds: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for b in model.buffers():  # read each time, as DDP does, in case a buffer was reassigned
         kinds.setdefault((b.dtype, b.device), []).append(b)
@@ -109,7 +109,6 @@ def broadcast_buffers(model: nn.Module, group: dist.ProcessGroup | None = None) 
             flat = pack(buffers, torch.empty(sum(b.numel() for b in buffers), dtype=dtype, device=device))
             dist.broadcast(flat, src=src, group=group)
             unpack(flat, buffers)
-    return bool(kinds)
 
 
 class _HandWritten(GradSync):
