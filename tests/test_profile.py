@@ -75,6 +75,21 @@ def test_classify_does_not_take_names_alike_for_communication():
     assert profile.classify(c10d) == "communication"
 
 
+def test_classify_takes_forward_and_backward_by_the_frames_own_name():
+    """A bare "backward (" took the sync strategies' after_backward for compute: the main thread
+    blocked there in a Work's wait (a native call, seen without --native as that frame alone)."""
+    sync = ["step (commbench/trainers/loop.py:1)", "Bucketed.after_backward (commbench/trainers/sync.py:315)"]
+    assert profile.classify(sync) == "communication"
+    assert profile.classify([*sync, "c10d::ProcessGroupGloo::AsyncWork::wait"]) == "communication"
+    unpack = [*sync, "unpack (commbench/kernels/bucket.py:40)"]
+    assert profile.classify(unpack) == "compute"
+    assert profile.classify(["step (loop.py:1)", "after_backward (mine/sync.py:3)"]) == "elsewhere"
+    for frame in ("forward (model.py:3)", "Net.forward (model.py:3)", "Scale.backward (fn.py:9)"):
+        assert profile.classify(["step (loop.py:1)", frame]) == "compute", frame
+    assert profile.classify(["backward (torch/_tensor.py:521)"]) == "compute"
+    assert profile.classify(["step (loop.py:1)", "before_forward (sync.py:80)"]) == "elsewhere"
+
+
 FORK_SERVER = ["python", "-c", "from multiprocessing.forkserver import main; main(3, 5, ['torch'])"]
 
 

@@ -16,6 +16,7 @@ import dataclasses
 import html
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -72,13 +73,14 @@ SETUP_PATTERNS = (
     # a rank that is done waits in the launcher's own code for the others: a wait, not a collective's
     "multiprocessing/synchronize.py",
 )
+# A model's or an autograd Function's forward and backward, by the frame's own name: a bare
+# "backward (" took the sync strategies' after_backward, whose waits for an allreduce are not compute.
+COMPUTE_NAMES = re.compile(r"(?:^|;|\.)(?:forward|backward) \(")
 COMPUTE_PATTERNS = (
-    "forward (",
     "_call_impl",
     "_wrapped_call_impl",
     "torch/nn/",
     "torch/autograd/",
-    "backward (",
     "torch/optim/",
     "torch/_tensor.py",
     "torch/functional.py",
@@ -392,14 +394,19 @@ def classify(frames: Sequence[str]) -> str:
         return "elsewhere"
     if any(p in text for p in COMM_PATTERNS) or _waits_for_comm(frames):
         return "communication"
-    if any(p in text for p in COMPUTE_PATTERNS):
+    if any(p in text for p in COMPUTE_PATTERNS) or COMPUTE_NAMES.search(text):
         return "compute"
     return "elsewhere"
 
 
 def _waits_for_comm(frames: Sequence[str]) -> bool:
     """True where a frame of :data:`COMM_WAITERS` calls a threading wait, as py-spy names it
-    ``Event.wait (threading.py:629)``."""
+    ``Event.wait (threading.py:629)``, or where a strategy's ``after_backward`` is the innermost
+    frame: its native calls there are the waits for the buckets' allreduces (Work.wait), seen
+    without --native as that frame alone; its own tensor work runs in frames below it."""
+    name, _, where = frames[-1].partition(" (") if frames else ("", "", "")
+    if name.rpartition(".")[2] == "after_backward" and any(w in where for w in COMM_WAITERS):
+        return True
     for caller, callee in zip(frames, frames[1:], strict=False):
         name, _, where = callee.partition(" (")
         if (
