@@ -305,9 +305,15 @@ class _Plots:
         file = self.name(name)
         try:
             draw(self.out_dir / file)
-        except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
-            return [Para(text=f"(plot {file} not drawn: {exc})")]
+        except OSError:  # the report's own directory refused a file: the report cannot be written
+            raise
+        except Exception as exc:  # whatever the records or the plotting library raise
+            return [Para(text=f"(plot {file} not drawn: {_first_line(exc)})")]
         return [Image(file=file, caption=caption)]
+
+
+def _first_line(exc: BaseException) -> str:
+    return next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
 def machine_section(runs: Sequence[Run]) -> list[Block]:
@@ -573,8 +579,10 @@ def training_section(run: Run, plots: _Plots) -> list[Block]:
         blocks.append(Image(file=bfile, caption=f"median step time by phase per strategy ({what})"))
         if epochs:
             blocks.append(Image(file=lfile, caption="training loss per step"))
-    except (ValueError, KeyError, TypeError) as exc:
-        blocks.append(Para(text=f"(training plots not drawn: {exc})"))
+    except OSError:
+        raise
+    except Exception as exc:  # as in _Plots.add
+        blocks.append(Para(text=f"(training plots not drawn: {_first_line(exc)})"))
     blocks += plots.add(
         f"{run.label}-throughput",
         lambda p: plot_throughput(summaries, p, what),
