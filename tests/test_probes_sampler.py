@@ -127,6 +127,32 @@ def test_note_when_a_late_tick_leaves_room_for_a_second_wrap():
     assert gap >= 0.2
 
 
+def test_a_failed_or_backwards_gpu_counter_read_is_not_measured_rather_than_zero():
+    """A failed field-values call kept the last total, so that tick read 0 B/s and the next one the
+    bytes of both; a counter that went backwards read 0 B/s too. Those ticks are None now, and the
+    phase totals still hold every byte."""
+    module = FakeNvmlModule([FakeDevice(pcie_max_gen=3, pcie_max_width=8, pcie_throughput_kb="unsupported")])
+    dev = module.devices[0]
+    s = Sampler(INTERVAL, nvml=Nvml.open(module))  # driven tick by tick, without its thread
+    rates = []
+    point = s._point()
+    for value, failing in [(10**9, False), (2 * 10**9, True), (3 * 10**9, False), (4 * 10**9, False)]:
+        dev.set_field(fk.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, value)
+        dev.set_field(fk.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, value // 1024)
+        module.fail_field_call = failing
+        time.sleep(0.01)
+        point, sample = s._tick(point)
+        rates.append(sample.gpus[0].pcie_tx_bytes_per_s)
+    assert rates[0] > 0 and rates[3] > 0
+    assert rates[1:3] == [None, None]  # the failed read's tick, and the one that starts from it
+    assert point.gpus[0].pcie_tx_bytes == 4 * 10**9
+    # Backwards: a 32-bit PCIe counter wrapped, a 64-bit NVLink counter was reset.
+    dev.set_field(fk.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 5)
+    point, sample = s._tick(point)
+    assert sample.gpus[0].nvlink_rx_bytes_per_s is None
+    assert s._notes() == ("GPU 0 nvlink_rx counter went backwards 1 time(s); those ticks are lost",)
+
+
 def test_a_tick_reads_the_counters_once():
     """The tick read every counter twice (once in the gauges' read, thrown away, then again)."""
     module = FakeNvmlModule([FakeDevice()])

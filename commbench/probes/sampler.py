@@ -251,8 +251,10 @@ class _Accumulator:
         self.longest_gap_s = 0.0
         self.total: int | None = None
         self.resets = 0
+        self.fresh = False  # the last update was a good reading that counted on from the one before
 
     def update(self, reading: Counter | None, t: float) -> None:
+        self.fresh = False
         if reading is None:  # a failed read: keep the last good one
             return
         if self.last_t is not None:
@@ -264,9 +266,16 @@ class _Accumulator:
                 self.resets += 1
             else:
                 self.total += delta
+                self.fresh = True
         else:
             self.total = 0
+            self.fresh = True
         self.last = reading
+
+    def now(self) -> int | None:
+        """The total as of this reading; None where this reading failed or went backwards, so that
+        the ticks around it are not measured (a rate of 0, then the missed bytes in one tick)."""
+        return self.total if self.fresh else None
 
 
 class _NicTotals:
@@ -453,7 +462,7 @@ class Sampler:
             c = self.nvml.counters(d.index)  # type: ignore[union-attr]
             for name in COUNTER_NAMES:
                 self._accum[(d.index, name)].update(getattr(c, name), c.t_s)
-            got = {f"{n}_bytes": self._accum[(d.index, n)].total for n in COUNTER_NAMES}
+            got = {f"{n}_bytes": self._accum[(d.index, n)].now() for n in COUNTER_NAMES}
             totals.append(GpuTotals(index=d.index, **got))
         return t, nic, tuple(totals)
 
