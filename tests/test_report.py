@@ -210,3 +210,28 @@ def test_a_plot_the_directory_refuses_fails_the_report_in_one_line(tmp_path, mon
     assert main(["report", str(path), "-o", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert err == "commbench: error: [Errno 13] Permission denied: 'out/s-throughput.png'\n"
+
+
+def test_the_breakdowns_hidden_comm_marker_is_the_comm_that_ran_during_backward(tmp_path, monkeypatch):
+    """comm less exposed comm also held the buffer broadcast before forward, which is neither hidden
+    nor exposed: naive and ring, which hide nothing, were drawn hiding the broadcast's time."""
+    from matplotlib.axes import Axes
+
+    from commbench.bench.report import plot_training
+
+    drawn = []
+    scatter = Axes.scatter
+    monkeypatch.setattr(
+        Axes, "scatter", lambda self, x, y, **k: drawn.append(list(y)) or scatter(self, x, y, **k)
+    )
+    base = {"model": "vgg11", "world_size": 2, "backend": "gloo", "batch_size": 16, "data_ms": 1.0}
+    base |= {"forward_ms": 10.0, "backward_ms": 20.0, "optimizer_ms": 1.0}
+    summaries = [
+        base
+        | {"strategy": "naive", "comm_ms": 156.56, "exposed_comm_ms": 125.26, "hidden_comm_fraction": 0.0},
+        base | {"strategy": "ddp", "comm_ms": 218.41, "exposed_comm_ms": 63.99, "hidden_comm_fraction": 0.59},
+        base | {"strategy": "dp", "comm_ms": None, "exposed_comm_ms": 0.0, "hidden_comm_fraction": None},
+    ]
+    plot_training([], summaries, tmp_path / "b.png", tmp_path / "l.png")
+    (hidden,) = drawn
+    assert hidden == [0.0, pytest.approx(218.41 * 0.59), 0.0]

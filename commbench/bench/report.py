@@ -188,7 +188,9 @@ def plot_training(
             values = [s[key] for s in summaries]
             ax.bar(names, values, bottom=bottom, label=label)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        hidden = [(s["comm_ms"] or 0.0) - s["exposed_comm_ms"] for s in summaries]  # None: not measured
+        # The fraction of comm that ran during backward: comm less exposed comm also held the buffer
+        # broadcast before forward, which is neither. None where comm is not measured.
+        hidden = [(s["comm_ms"] or 0.0) * (s.get("hidden_comm_fraction") or 0.0) for s in summaries]
         ax.scatter(
             names,
             [max(h, 0.0) for h in hidden],
