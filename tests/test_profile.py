@@ -90,6 +90,30 @@ def test_classify_takes_forward_and_backward_by_the_frames_own_name():
     assert profile.classify(["step (loop.py:1)", "before_forward (sync.py:80)"]) == "elsewhere"
 
 
+def test_ddps_buffer_broadcast_is_communication_as_the_hand_written_strategies_is():
+    """Without the bare "broadcast", DDP's broadcast of its buffers (in torch/nn/parallel) was taken
+    for compute by torch/nn/, while the same broadcast by naive or ring was communication."""
+    ddp = [
+        "step (commbench/trainers/loop.py:356)",
+        "_call_impl (torch/nn/modules/module.py:1787)",
+        "forward (torch/nn/parallel/distributed.py:1860)",
+        "_pre_forward (torch/nn/parallel/distributed.py:1783)",
+        "timed (commbench/trainers/sync.py:380)",
+        "_sync_buffers (torch/nn/parallel/distributed.py:2426)",
+        "_sync_module_buffers (torch/nn/parallel/distributed.py:2430)",
+        "_default_broadcast_coalesced (torch/nn/parallel/distributed.py:2452)",
+        "_distributed_broadcast_coalesced (torch/nn/parallel/distributed.py:2364)",
+    ]
+    assert profile.classify(ddp) == "communication"
+    hand = [
+        "step (commbench/trainers/loop.py:356)",
+        "before_forward (commbench/trainers/sync.py:135)",
+        "broadcast_buffers (commbench/trainers/sync.py:110)",
+        "broadcast (torch/distributed/distributed_c10d.py:2800)",
+    ]
+    assert profile.classify(hand) == "communication"
+
+
 FORK_SERVER = ["python", "-c", "from multiprocessing.forkserver import main; main(3, 5, ['torch'])"]
 
 

@@ -53,6 +53,9 @@ COMM_PATTERNS = (
     "c10d_logger.py",
     "torch/distributed/_functional_collectives",
     "torch/distributed/algorithms/",
+    # DDP's buffer broadcast before forward, in torch/nn/parallel (else taken for compute by torch/nn/)
+    "_sync_buffers (",
+    "_broadcast_coalesced (",
     "Work.wait",
     "gloo",
     "nccl",
