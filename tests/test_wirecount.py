@@ -84,6 +84,10 @@ def test_broken_readings_are_judged_from_the_gathered_rows() -> None:
     )
     assert (wc.measured_wire_bytes, wc.wire_bytes_ratio, wc.hosts) == (None, None, [])
     assert wc.computed_wire_bytes == sum(sent)
+    # One host's reset does not hide another host's impossible reading (the point is not recounted).
+    wc = c.summarise([fast, went_back], 1, sent, sent, 1 << 20)
+    assert wc.wire_check.startswith("not judged: the interface counters went backwards")
+    assert "; impossible reading: eth0 (198.18.0.1) sent: 0.200 GB/s" in wc.wire_check
 
 
 @pytest.mark.parametrize(

@@ -294,8 +294,13 @@ class WireCounter:
                 measured_wire_bytes=None,
                 wire_bytes_ratio=None,
                 wire_expected_ratio=wirecheck.expected_ratio(self.interconnect, self.mtu),
-                wire_check="not judged: the interface counters went backwards (a reset or a link "
-                f"flap) during the count, on {', '.join(reset)}",
+                wire_check="; ".join(
+                    [
+                        "not judged: the interface counters went backwards (a reset or a link flap) "
+                        f"during the count, on {', '.join(reset)}",
+                        *problems,  # another host's broken reading is still said
+                    ]
+                ),
             )
         check = wirecheck.compare(
             computed * iters, raw_total, base_total, self.interconnect, self.mtu, packets=packets
