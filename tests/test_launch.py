@@ -793,3 +793,16 @@ def test_a_temporary_directory_too_long_for_the_servers_socket_is_one_line_and_e
             done.stderr
         )
         assert done.stderr.endswith("(108 of at most 107 bytes); set TMPDIR to a shorter one\n")
+
+
+def test_a_value_error_while_torch_loads_is_not_taken_for_bad_input(monkeypatch):
+    """Only a $TMPDIR too long for the server's socket is the user's input: a ValueError from a
+    broken installation (numpy built against another ABI) must not read as exit 2."""
+    from commbench.bench import cli
+
+    def broken():
+        raise ValueError("numpy.dtype size changed, may indicate binary incompatibility")
+
+    monkeypatch.setattr(cli, "_import_launch", broken)
+    with pytest.raises(ValueError, match="binary incompatibility"):
+        cli.main(["summary", "nothing.jsonl"])

@@ -492,16 +492,21 @@ def _kept(path: str | None) -> str:
 LAUNCHING = ("sweep", "demo", "train", "compare", "study")
 
 
-def _start_rank_server(argv: list[str] | None) -> None:
+def _start_rank_server(argv: list[str] | None) -> str | None:
     """Start the fork server for local ranks now when this command will start some, so that its
-    import of torch runs beside this process's own (:mod:`commbench.bench.starter`)."""
+    import of torch runs beside this process's own (:mod:`commbench.bench.starter`). Returns why
+    it cannot start where the cause is the user's to fix (a $TMPDIR too long), else None."""
     from commbench.bench import starter
 
     words = sys.argv[1:] if argv is None else argv
     command = next((w for w in words if not w.startswith("-")), None)
     if command in LAUNCHING and not {"-h", "--help"} & set(words) and not starter.launched_externally():
         if _world_size_asked(words) <= starter.FORKSERVER_MAX_RANKS:  # more are spawned: no server
-            starter.start()
+            try:
+                starter.start()
+            except starter.TempDirTooLong as exc:
+                return str(exc)
+    return None
 
 
 def _world_size_asked(words: list[str]) -> int:
@@ -542,7 +547,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     try:
-        _start_rank_server(argv)
+        refused = _start_rank_server(argv)
+        if refused is not None:
+            print(f"commbench: error: {refused}", file=sys.stderr)
+            return 2
         launch = _import_launch()
     except (_SignalWhileLoading, KeyboardInterrupt) as exc:  # KeyboardInterrupt: while the rank server starts
         from commbench.bench import signals
@@ -550,9 +558,6 @@ def _main(argv: list[str] | None) -> int:
         signals.ignore_further(exiting=True)
         print("commbench: interrupted", file=sys.stderr)
         return 128 + getattr(exc, "signum", signal.SIGINT)
-    except ValueError as exc:  # a temporary directory the rank server cannot use
-        print(f"commbench: error: {exc}", file=sys.stderr)
-        return 2
     Interrupted, RankFailed = launch.Interrupted, launch.RankFailed
     NotStarted = launch.starter.ServerNotReady
 

@@ -130,6 +130,10 @@ def start() -> None:
         forkserver.ensure_running()
 
 
+class TempDirTooLong(ValueError):
+    """$TMPDIR is too long a path for the fork server's socket."""
+
+
 SOCKET_PATH_MAX = 107  # bytes of an AF_UNIX socket's path on Linux (sun_path is 108 with its NUL)
 
 
@@ -138,7 +142,7 @@ def _check_socket_path() -> None:
     too long to bind (multiprocessing raised OSError from deep inside, as a traceback)."""
     path = connection.arbitrary_address("AF_UNIX")  # the same directory and the same length of name
     if len(os.fsencode(path)) > SOCKET_PATH_MAX:
-        raise ValueError(
+        raise TempDirTooLong(
             f"the temporary directory {tempfile.gettempdir()} is too long a path for the local ranks' "
             f"socket ({len(os.fsencode(path))} of at most {SOCKET_PATH_MAX} bytes); set TMPDIR to a "
             "shorter one"
