@@ -235,6 +235,7 @@ def test_dp_comm_is_not_measured_rather_than_zero(monkeypatch, tmp_path) -> None
     }
     row = summary_table([summary]).splitlines()[1].split()
     assert row[0] == "dp" and row[7] == "-"  # the comm ms column
+    assert row[5] == "-"  # exposed comm: nothing measured to expose, not 0.00
     plot_training([], [summary], tmp_path / "b.png", tmp_path / "l.png")
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -252,3 +253,22 @@ def test_ddp_refuses_a_first_bucket_where_torch_cannot_take_one(monkeypatch) -> 
     TrainConfig(strategies=("bucketed",), first_bucket_mb=0.5)  # the hand-written buckets take it
     TrainConfig(strategies=("ddp",), bucket_cap_mb=4.0)  # DDP's own first bucket is the default
     assert sync.DDPSync(CPU, cap_bytes=4 << 20)._bucket_args() == {"bucket_cap_mb": 4.0}
+
+
+def test_ddp_times_its_buffer_broadcast_as_communication(tmp_path) -> None:
+    """ddp's broadcast of rank 0's buffers before forward is timed by replacing DDP's private
+    _sync_buffers; a torch that renamed it would leave the broadcast untimed without a word."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        grad_sync = sync.make_sync("ddp", CPU)
+        module = grad_sync.wrap(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)))
+        module(torch.randn(5, 3)).sum().backward()
+        intervals = grad_sync.take_intervals()
+        # the broadcast before forward, then the one bucket's allreduce in backward
+        assert len(intervals) == 2
+        plain = sync.make_sync("ddp", CPU)
+        without = plain.wrap(nn.Sequential(nn.Linear(3, 4)))  # no buffers: no broadcast
+        without(torch.randn(5, 3)).sum().backward()
+        assert len(plain.take_intervals()) == 1
+    finally:
+        dist.destroy_process_group()

@@ -180,6 +180,12 @@ class RecordWriter:
                 f.close()
 
 
+def exposed_comm_ms(summary: dict[str, Any]) -> float | None:
+    """A training record's exposed communication, where its communication is measured: a strategy
+    whose comm is not (dp, comm_ms null) has a 0 there that would read as a measurement."""
+    return None if summary.get("comm_ms") is None else summary.get("exposed_comm_ms")
+
+
 def append_record(path: str | Path, row: dict[str, Any]) -> None:
     """Append one record to the JSON Lines file ``path`` (made if missing). A last line that a
     stopped write cut short (no newline after it, not JSON) is dropped first, as readers leave it

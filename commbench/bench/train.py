@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from commbench.bench.records import output_path
+from commbench.bench.records import exposed_comm_ms, output_path
 from commbench.trainers.sync import SINGLE_PROCESS, STRATEGIES, TRANSPORTS
 
 
@@ -173,7 +173,7 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
         hidden = s["hidden_comm_fraction"]
         lines.append(
             f"{s['strategy']:>10} {s['step_time_ms']:8.2f} {s['data_ms']:6.2f} {s['forward_ms']:7.2f} "
-            f"{s['backward_ms']:7.2f} {s['exposed_comm_ms']:8.2f} {s['optimizer_ms']:6.2f} "
+            f"{s['backward_ms']:7.2f} {_fmt(exposed_comm_ms(s), '.2f', 8)} {s['optimizer_ms']:6.2f} "
             f"{_fmt(s['comm_ms'], '.2f', 8)} {_pct(hidden, 6)} "
             f"{s['images_per_s']:8.0f} {s['final_loss']:7.3f} "
             f"{_pct(s['final_accuracy'], 6, 1)} "
