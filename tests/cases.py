@@ -222,6 +222,25 @@ def _validation(case: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _membership(case: dict[str, Any]) -> dict[str, str]:
+    """A NumPy integer is a segment size as an int is; a rank outside the group it is given is told
+    so (torch's "Invalid process group specified" came from deep inside before)."""
+    import numpy as np
+
+    world = dist.get_world_size()
+    t = torch.ones(100)
+    comm.all_reduce(t, algorithm="ring", segment_bytes=np.int64(64))
+    out = {"numpy segment": "right" if bool((t == world).all()) else f"wrong: {t[:4].tolist()}"}
+    alone = dist.new_group([0])  # every rank takes part in making it
+    try:
+        comm.all_reduce(torch.ones(4), algorithm="ring", group=alone)
+        out["outside"] = "no error"
+    except ValueError as exc:
+        out["outside"] = f"ValueError: {exc}"
+    dist.barrier()
+    return out
+
+
 def _autograd(case: dict[str, Any]) -> dict[str, bool]:
     """Each algorithm on a leaf tensor that requires grad, as the backend's own collective takes it;
     a root given as a 0-dim tensor works as an int."""
@@ -556,6 +575,7 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "bytes": _bytes,
         "mismatch": _mismatch,
         "validation": _validation,
+        "membership": _membership,
         "in_place_rs": _in_place_reduce_scatter,
         "routes": _routes,
         "routes_off": _routes_off,

@@ -194,6 +194,50 @@ def test_bad_arguments_raise_clear_errors(worlds):
             assert needle in rank_result[name], (name, rank_result[name])
 
 
+def test_numpy_segment_sizes_and_ranks_outside_the_group(worlds):
+    results = worlds(2).run(("membership", {}))
+    assert [r["numpy segment"] for r in results] == ["right", "right"], results
+    assert results[0]["outside"] == "no error"  # the group's one member
+    assert results[1]["outside"] == "ValueError: this rank is not a member of the group it was given"
+
+
+def test_two_threads_on_one_group_are_refused_not_cross_matched(tmp_path, monkeypatch):
+    """Every message of a group shares one tag on one connection, so two threads' collectives on
+    one group were cross-matched (gloo aborted the process on a size mismatch); the second call
+    is refused, and a thread with a group of its own goes ahead."""
+    import threading
+
+    from commbench import comm
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        entered, leave = threading.Event(), threading.Event()
+        ring_all_reduce = comm._IMPLS["all_reduce"]["ring"]
+
+        def slow(*args, **kwargs):
+            entered.set()
+            leave.wait(30)
+            ring_all_reduce(*args, **kwargs)
+
+        monkeypatch.setitem(comm._IMPLS["all_reduce"], "ring", slow)
+        first = threading.Thread(target=comm.all_reduce, args=(torch.ones(4), "sum", "ring"))
+        first.start()
+        try:
+            assert entered.wait(30)
+            with pytest.raises(RuntimeError, match="another thread is running a collective on this group"):
+                comm.all_reduce(torch.ones(4), "sum", "ring")
+            own = dist.new_group([0])
+            t = torch.ones(4)
+            comm.all_reduce(t, "sum", "builtin", group=own)
+        finally:
+            leave.set()
+            first.join(30)
+        comm.all_reduce(torch.ones(4), "sum", "ring")  # released once the first call ended
+        assert comm._RUNNING == {}
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_two_gloo_ranks_use_one_connection_per_direction(worlds, world_size):
     results = worlds(world_size).run(("routes", {}))

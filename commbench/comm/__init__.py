@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import operator
 import os
+import threading
 from collections.abc import Callable, Mapping
 
 import torch
@@ -178,18 +179,51 @@ _INVALID = (-1, -1, -1, -1, -1, -1)
 MAX_SEGMENT_BYTES = 1 << 62
 
 
-def _check_segment_bytes(segment_bytes: int | None, algorithm: str) -> None:
-    """``segment_bytes`` is None, or a positive integer for an algorithm that segments (or ``auto``)."""
+def _check_segment_bytes(segment_bytes: int | None, algorithm: str) -> int | None:
+    """``segment_bytes`` is None, or a positive integer for an algorithm that segments (or ``auto``);
+    returned as a Python int."""
     if segment_bytes is None:
-        return
-    if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) or segment_bytes < 1:
+        return None
+    try:
+        whole = None if isinstance(segment_bytes, bool) else operator.index(segment_bytes)  # NumPy's too
+    except TypeError:
+        whole = None
+    if whole is None or whole < 1:
         raise ValueError(f"segment_bytes must be a positive integer, got {segment_bytes!r}")
-    if segment_bytes > MAX_SEGMENT_BYTES:  # ranks agree on it as an int64
+    if whole > MAX_SEGMENT_BYTES:  # ranks agree on it as an int64
         raise ValueError(f"segment_bytes must be at most 2**62, got {segment_bytes}")
     if algorithm not in (*SEGMENTED, "auto"):
         raise ValueError(
             f"segment_bytes applies to {', '.join(SEGMENTED)} (or auto where it picks one), not {algorithm!r}"
         )
+    return whole
+
+
+_RUNNING: dict[int, int] = {}  # id of a group -> the thread running a collective on it
+_RUNNING_LOCK = threading.Lock()
+
+
+def _claim(group: dist.ProcessGroup | None) -> Callable[[], None]:
+    """Mark ``group`` as running a collective in this thread; returns the release. Calls from two
+    threads on one group cannot be matched across ranks (every message of a group shares one tag
+    on one connection): they were cross-matched, and gloo aborted the process on a size mismatch."""
+    key, me = id(group if group is not None else dist.group.WORLD), threading.get_ident()
+    with _RUNNING_LOCK:
+        other = _RUNNING.get(key)
+        if other is not None and other != me:
+            raise RuntimeError(
+                "another thread is running a collective on this group: calls on one group run one at "
+                "a time, in the same order on every rank; give each thread its own group (dist.new_group)"
+            )
+        _RUNNING[key] = me
+    if other == me:  # a collective inside one (the host staging of a CUDA call): the outer releases
+        return lambda: None
+
+    def release() -> None:
+        with _RUNNING_LOCK:
+            _RUNNING.pop(key, None)
+
+    return release
 
 
 def _prepare(
@@ -209,13 +243,41 @@ def _prepare(
     The implementation runs without autograd, like the backend's own collectives: a tensor that
     requires grad is reduced in place, not refused half way through by one rank's kernel.
     """
+    if group is not None and dist.get_rank(group) < 0:
+        raise ValueError("this rank is not a member of the group it was given")
+    release = _claim(group)
+    try:
+        run = _prepared(collective, algorithm, group, check, validate, segment_bytes, workspace)
+    except BaseException:
+        release()
+        raise
+
+    def claimed(*args, **kwargs) -> None:
+        try:
+            run(*args, **kwargs)
+        finally:
+            release()
+
+    return claimed
+
+
+def _prepared(
+    collective: str,
+    algorithm: str,
+    group: dist.ProcessGroup | None,
+    check: bool,
+    validate: Callable[[], tuple[torch.Tensor, int, str, int]],
+    segment_bytes: int | None,
+    workspace: object,
+) -> Callable[..., None]:
+    """:func:`_prepare`'s work, in the thread that holds the group."""
     world = dist.get_world_size(group)
     p2p.prepare(group)  # every rank reaches this line, whatever its arguments
     error: Exception | None = None
     try:
         tensor, size_bytes, op, root = validate()
         _check_device(tensor, group)
-        _check_segment_bytes(segment_bytes, algorithm)
+        segment_bytes = _check_segment_bytes(segment_bytes, algorithm)
         if workspace is not None and not isinstance(workspace, Workspace):  # it failed mid-algorithm
             raise TypeError(
                 f"workspace must be a commbench.comm.Workspace or None, got {type(workspace).__name__}"
