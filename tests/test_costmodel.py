@@ -37,7 +37,9 @@ def test_naive_all_reduce_loads_the_root(world):
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 7])
 def test_every_byte_sent_is_received(collective, world):
     for algorithm in ALGORITHMS[collective]:
-        for count in (0, 1, 7, 1000 * world):
+        for part in (0, 1, 7, 1000 * world):
+            whole = collective in ("reduce_scatter", "all_gather")  # count: the whole array
+            count = part * world if whole else part
             c = cost(collective, algorithm, world, count, 2, root=world - 1)
             assert sum(c.sent_bytes) == sum(c.recv_bytes), (algorithm, count)
             assert len(c.sent_bytes) == world
@@ -112,6 +114,9 @@ def test_unknown_names_raise():
         (("bogus", "auto", 2, 10, 4), {}, "unknown collective"),  # was a KeyError from the auto table
         (("all_reduce", "naive", 3, -5, 4), {}, "count must be >= 0"),  # was negative bytes
         (("broadcast", "tree", 4, 10, 4), {"root": 9}, "root must be a rank in [0, 4)"),  # was root 1
+        # a whole array that ranks cannot share equally: was priced as 6.5 float32 elements a rank
+        (("reduce_scatter", "ring", 4, 10, 4), {}, "count 10 is the whole (gathered) array"),
+        (("all_gather", "naive", 3, 7, 4), {}, "must be a multiple of world_size 3"),
     ],
 )
 def test_a_call_that_cannot_be_priced_raises_at_any_size(args, kwargs, needle):

@@ -130,6 +130,11 @@ def _check_call(
         raise ValueError(f"count must be >= 0 and itemsize >= 1, got {count} and {itemsize}")
     if not 0 <= root < world_size:
         raise ValueError(f"root must be a rank in [0, {world_size}), got {root}")
+    if collective in ("reduce_scatter", "all_gather") and count % world_size:
+        raise ValueError(
+            f"{collective}: count {count} is the whole (gathered) array and must be a multiple of "
+            f"world_size {world_size}"
+        )
 
 
 def cost(
