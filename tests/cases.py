@@ -175,6 +175,25 @@ def _segments(case: dict[str, Any]) -> dict[str, Any]:
     return {"failures": failures, "sends": sends}
 
 
+def _ring_messages(case: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Messages this rank starts sending and receiving in each collective's ring with pipeline
+    segments of ``case["segment_bytes"]`` (root: the last rank), keyed by collective."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    root, out = world - 1, {}
+    for name in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"):
+        spec = SPECS[name]
+        count = case["count"] * (world if name in ("reduce_scatter", "all_gather") else 1)
+        b = spec.make(count, torch.float32, torch.device("cpu"), rank, world, "sum", root)
+        b.input.copy_(b.reference)
+        counted = [0, 0]
+        with _counting_messages(lambda tensor: 1, counted):
+            spec.run(b, f"ring@{case['segment_bytes']}", "sum", root, None, None)
+        if spec.wrong(b, "sum", rank, world, root):
+            raise AssertionError(f"{name} ring@{case['segment_bytes']} went wrong on rank {rank}")
+        out[name] = (counted[0], counted[1])
+    return out
+
+
 def _mismatch(case: dict[str, Any]) -> str:
     """Ranks call all_reduce with different sizes; the error every rank raised."""
     rank = dist.get_rank()
@@ -587,6 +606,7 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "sweep_freed": _sweep_sizes_freed,
         "scratch": _scratch,
         "segments": _segments,
+        "ring_messages": _ring_messages,
         "per_device_group": _per_device_group,
         "wire_faults": _wire_faults,
     }[kind](body)

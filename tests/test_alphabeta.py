@@ -97,6 +97,9 @@ def test_a_series_with_its_own_segment_is_priced_with_it():
     priced = cost("broadcast", "ring", 4, 1 << 20, 4, segment_bytes=64 << 10)
     assert (point.steps, point.critical_bytes) == (priced.steps, priced.critical_bytes)
     assert point.steps == 66 and point.algorithm == "ring@64K"
+    # an all_reduce's ring steps grow with its segments too: 2 (n - 1) x 4 at 4 ranks and 4 MiB
+    ar = {**_record("ring@256K", 4, 4 << 20, 0.05), "resolved_algorithm": "ring"}
+    assert alphabeta.points([ar])[0].steps == 2 * 3 * 4
 
 
 def test_bad_input_raises_value_error():

@@ -53,6 +53,7 @@ def test_num_segments():
     assert num_segments(0, 4, 1 << 20) == 1
     assert num_segments(1 << 18, 4, 1 << 20) == 1
     assert num_segments((1 << 18) + 1, 4, 1 << 20) == 2
+    assert num_segments(10, 4, 1) == 10  # not 40: segments past the elements would be empty
     with pytest.raises(ValueError):
         num_segments(10, 4, 0)
 

@@ -112,6 +112,27 @@ def test_a_segment_size_given_to_the_api_reaches_the_ring(worlds, world_size):
         assert result["sends"]["auto@64"] == result["sends"]["auto"] > 0, result
 
 
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize(("count", "segment_bytes"), [(1000, 64), (10, 1), (7, 4)])
+def test_ring_steps_are_the_messages_on_the_critical_path(worlds, world_size, count, segment_bytes):
+    """The cost model's steps against the messages the ring sends, counted: the busiest rank's
+    sends (at least the 2 (n - 1) hops of an all_reduce's segment), a broadcast's root's sends
+    and the n - 2 hops its last segment makes after it, and what a reduce's destination receives.
+    With one byte a segment, 10 elements make 10 segments, not 40 (empty ones are not sent)."""
+    n = world_size
+    results = worlds(n).run(("ring_messages", {"count": count, "segment_bytes": segment_bytes}))
+    for name in sorted(ALGORITHMS):
+        sends, recvs = [r[name][0] for r in results], [r[name][1] for r in results]
+        counted = {
+            "all_reduce": max(*sends, 2 * (n - 1)),
+            "broadcast": sends[n - 1] + n - 2,
+            "reduce": recvs[n - 1],
+        }.get(name, max(sends))
+        total = count * (n if name in ("reduce_scatter", "all_gather") else 1)
+        model = cost(name, "ring", n, total, 4, root=n - 1, segment_bytes=segment_bytes)
+        assert model.steps == counted, (name, sends, recvs)
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_tensors_that_require_grad_and_tensor_roots_are_taken(worlds, world_size):
     results = worlds(world_size).run(("autograd", {}))

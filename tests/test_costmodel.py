@@ -16,6 +16,24 @@ MiB = 1 << 20
 def test_chain_broadcast_pays_pipeline_fill():
     big = cost("broadcast", "ring", 4, 16 * MiB, 1)
     assert big.steps == 4 - 2 + 16 * MiB // SEGMENT_BYTES
+    # 10 elements make 10 segments at most: the ring sends no empty ones (was 4 - 2 + 40)
+    assert cost("broadcast", "ring", 4, 10, 4, segment_bytes=1).steps == 4 - 2 + 10
+
+
+def test_ring_steps_are_its_messages_in_segments():
+    """Each chunk goes in segments, one message each: ring@64K sends 6 x 64 messages a rank for
+    16 MiB at 4 ranks (was 6 steps whatever the segment). The backend's builtin is not segmented
+    by commbench and keeps one message a step."""
+    seg = 64 << 10
+    assert cost("all_reduce", "ring", 4, 4 * MiB, 4, segment_bytes=seg).steps == 2 * 3 * 64
+    assert cost("all_reduce", "ring", 4, 4 * MiB, 4).steps == 2 * 3
+    assert cost("reduce_scatter", "ring", 4, 4 * MiB, 4, segment_bytes=seg).steps == 3 * 64
+    assert cost("all_gather", "ring", 4, 4 * MiB, 4, segment_bytes=seg).steps == 3 * 64
+    # reduce: what the destination receives, (n - 1) x 64 segments and n - 1 chunks
+    assert cost("reduce", "ring", 4, 4 * MiB, 4, segment_bytes=seg).steps == 3 * 64 + 3
+    assert cost("all_reduce", "builtin", 4, 4 * MiB, 4, segment_bytes=seg).steps == 2 * 3
+    # one element: a single segment still makes its 2 (n - 1) hops around the ring
+    assert cost("all_reduce", "ring", 4, 1, 4, segment_bytes=1).steps == 2 * 3
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8])

@@ -28,10 +28,11 @@ def split(count: int, parts: int) -> list[Span]:
 
 
 def num_segments(max_chunk_elems: int, itemsize: int, segment_bytes: int) -> int:
-    """How many pipeline segments a chunk is cut into so each is about ``segment_bytes``."""
+    """How many pipeline segments a chunk is cut into so each is about ``segment_bytes``; never
+    more than the chunk has elements, since an empty segment is not sent."""
     if segment_bytes < 1:
         raise ValueError(f"segment_bytes must be >= 1, got {segment_bytes}")
-    return max(1, math.ceil(max_chunk_elems * itemsize / segment_bytes))
+    return max(1, min(max_chunk_elems, math.ceil(max_chunk_elems * itemsize / segment_bytes)))
 
 
 def sub_span(span: Span, parts: int, index: int) -> Span:

@@ -46,18 +46,25 @@ class Cost:
         return self.steps * alpha_s + self.critical_bytes * beta_s_per_byte
 
 
-def _chunk_bytes(count: int, world: int, itemsize: int) -> list[int]:
-    return [(b - a) * itemsize for a, b in split(count, world)]
+def _segments(elems: int, itemsize: int, segment_bytes: int | None) -> int:
+    """Segments a ring cuts a chunk of ``elems`` into (as ``ring._plan``); None: one a chunk."""
+    return 1 if segment_bytes is None else num_segments(elems, itemsize, segment_bytes)
 
 
-def _ring_all_reduce(count: int, n: int, item: int) -> tuple[list[int], list[int], int, int]:
-    c = _chunk_bytes(count, n, item)
-    sent, recv = [], []
+def _ring_all_reduce(
+    count: int, n: int, item: int, segment_bytes: int | None
+) -> tuple[list[int], list[int], int, int]:
+    """Steps: the messages the busiest rank sends one after another (each chunk in ``nseg``
+    segments, empty ones not sent), and at least the 2 (n - 1) hops a segment travels."""
+    elems = [b - a for a, b in split(count, n)]
+    nseg = _segments(max(elems), item, segment_bytes)
+    sent, recv, messages = [], [], []
     for r in range(n):
         rs, ag = ring_reduce_scatter_order(r, n), ring_all_gather_order(r, n)
-        sent.append(sum(c[s] for s, _ in rs) + sum(c[s] for s, _ in ag))
-        recv.append(sum(c[x] for _, x in rs) + sum(c[x] for _, x in ag))
-    return sent, recv, 2 * (n - 1), max(max(sent), max(recv))
+        sent.append(item * (sum(elems[s] for s, _ in rs) + sum(elems[s] for s, _ in ag)))
+        recv.append(item * (sum(elems[x] for _, x in rs) + sum(elems[x] for _, x in ag)))
+        messages.append(sum(min(elems[s], nseg) for s, _ in rs + ag))
+    return sent, recv, max(*messages, 2 * (n - 1)), max(max(sent), max(recv))
 
 
 def _fold_bytes(r: int, folded: int, size: int) -> int:
@@ -97,9 +104,12 @@ def _hd_all_reduce(count: int, n: int, item: int) -> tuple[list[int], list[int],
     return moved, list(moved), steps, 2 * item * sum(widest) + fold * size
 
 
-def _ring_reduce(count: int, n: int, item: int, dst: int) -> tuple[list[int], list[int], int, int]:
+def _ring_reduce(
+    count: int, n: int, item: int, dst: int, segment_bytes: int | None
+) -> tuple[list[int], list[int], int, int]:
     """Equal-chunk reduce-scatter of the first n*m elements, chunks gathered at ``dst``, and the
-    count mod n leftover elements up a binomial tree (see ``ring.reduce``)."""
+    count mod n leftover elements up a binomial tree (see ``ring.reduce``). Steps: the messages
+    ``dst`` receives, (n - 1) x nseg of the reduce-scatter, n - 1 chunks, one per tree round."""
     m, tail = divmod(count, n)
     part = m * item
     sent = [(n - 1) * part + (part if r != dst else 0) for r in range(n)] if m else [0] * n
@@ -109,7 +119,7 @@ def _ring_reduce(count: int, n: int, item: int, dst: int) -> tuple[list[int], li
         for r in range(n):
             sent[r] += 0 if binomial_parent(rel[r]) is None else tail * item
             recv[r] += len(binomial_children(rel[r], n)) * tail * item
-    steps = (2 * (n - 1) if m else 0) + (tree_depth(n) if tail else 0)
+    steps = ((n - 1) * _segments(m, item, segment_bytes) + n - 1 if m else 0) + (tree_depth(n) if tail else 0)
     critical = (2 * (n - 1) * part if m else 0) + (tree_depth(n) * tail * item if tail else 0)
     return sent, recv, steps, critical
 
@@ -156,18 +166,23 @@ def cost(
         count: elements (the whole gathered array for reduce_scatter and all_gather).
         itemsize: bytes per element.
         root: source of broadcast, destination of reduce.
+        segment_bytes: the ring's pipeline segment. Steps count the messages on the critical
+            path, so a ring's grow with its segments. ``builtin``'s own segmenting is the
+            backend's: its ring steps are one message a step (a broadcast's chain is pipelined
+            in segments of the default size).
     """
     _check_call(collective, algorithm, world_size, count, itemsize, root)
     n, size = world_size, count * itemsize
     if algorithm == "auto":
         algorithm = tuning.choose(collective, size, n)
     priced = "ring" if algorithm == "builtin" else algorithm
+    segment = None if algorithm == "builtin" else segment_bytes
     zero = [0] * n
     if n == 1 or count == 0:
         sent, recv, steps, critical = zero, zero, 0, 0
     elif collective == "all_reduce":
         if priced == "ring":
-            sent, recv, steps, critical = _ring_all_reduce(count, n, itemsize)
+            sent, recv, steps, critical = _ring_all_reduce(count, n, itemsize, segment)
         elif priced == "naive":
             sent = [(n - 1) * size] + [size] * (n - 1)
             recv = list(sent)
@@ -183,7 +198,7 @@ def cost(
         if priced == "ring":
             sent = [(n - 1) * part] * n
             recv = list(sent)
-            steps, critical = n - 1, (n - 1) * part
+            steps, critical = (n - 1) * _segments(count // n, itemsize, segment), (n - 1) * part
         elif priced == "naive":
             if collective == "reduce_scatter":  # whole inputs in, one part back out
                 sent = [(n - 1) * part] + [size] * (n - 1)
@@ -205,7 +220,7 @@ def cost(
             recv = [0 if binomial_parent(x) is None else size for x in rel]
             steps, critical = tree_depth(n), tree_depth(n) * size
         elif priced == "ring":
-            nseg = num_segments(count, itemsize, segment_bytes)
+            nseg = num_segments(count, itemsize, segment or SEGMENT_BYTES)
             seg = -(-size // nseg)
             sent = [size if x < n - 1 else 0 for x in rel]
             recv = [0 if x == 0 else size for x in rel]
@@ -223,7 +238,7 @@ def cost(
             recv = [len(binomial_children(x, n)) * size for x in rel]
             steps, critical = tree_depth(n), tree_depth(n) * size
         elif priced == "ring":
-            sent, recv, steps, critical = _ring_reduce(count, n, itemsize, root)
+            sent, recv, steps, critical = _ring_reduce(count, n, itemsize, root, segment)
         else:
             raise ValueError(f"no cost for {collective}/{algorithm}")
     else:
