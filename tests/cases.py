@@ -6,6 +6,7 @@ import contextlib
 import gc
 import os
 import socket
+import struct
 import weakref
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -128,6 +129,60 @@ def _bytes(case: dict[str, Any]) -> tuple[int, int]:
     with _counting_messages(lambda tensor: tensor.numel() * tensor.element_size(), counted):
         spec.run(b, case["algorithm"], "sum", case["root"], None, None)
     return counted[0], counted[1]
+
+
+def _tcp_bytes() -> tuple[int, int]:
+    """Payload bytes this process has sent (less retransmissions) and received over its TCP
+    connections within the host, from the kernel's own count (TCP_INFO)."""
+    sent = received = 0
+    for sock in tcp.local_connections():
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        if len(info) < 216:
+            raise RuntimeError("this kernel's TCP_INFO has no tcpi_bytes_sent (Linux 4.19 and later)")
+        # struct tcp_info: tcpi_bytes_received at 128, tcpi_bytes_sent and _retrans at 200 and 208
+        received += struct.unpack_from("Q", info, 128)[0]
+        bytes_sent, retrans = struct.unpack_from("QQ", info, 200)
+        sent += bytes_sent - retrans
+    return sent, received
+
+
+def _wire_bytes(case: dict[str, Any]) -> tuple[int, int]:
+    """Bytes this rank's TCP connections sent and received during one call of ``case["algorithm"]``
+    (builtin: what the backend's own collective puts on the wire, headers included), between two
+    barriers whose few bytes count too."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    spec = SPECS[case["collective"]]
+    count = case["count"] * (world if case["collective"] in ("reduce_scatter", "all_gather") else 1)
+    b = spec.make(count, torch.float32, torch.device("cpu"), rank, world, "sum", case["root"])
+    b.input.copy_(b.reference)
+    dist.barrier()
+    sent0, received0 = _tcp_bytes()
+    spec.run(b, case["algorithm"], "sum", case["root"], None, None)
+    dist.barrier()  # every rank's call has ended: what it sent has arrived
+    sent1, received1 = _tcp_bytes()
+    if spec.wrong(b, "sum", rank, world, case["root"]):
+        raise AssertionError(f"{case['collective']}/{case['algorithm']} went wrong on rank {rank}")
+    return sent1 - sent0, received1 - received0
+
+
+def _sweep_priced(case: dict[str, Any]) -> list[int]:
+    """The bytes a one-size sweep of ``case["collective"]`` records for builtin to send per rank."""
+    from commbench.bench import sweep
+
+    config = sweep.SweepConfig(
+        collective=case["collective"],
+        algorithms=("builtin",),
+        min_bytes=case["size_bytes"],
+        max_bytes=case["size_bytes"],
+        iters=1,
+        warmup=0,
+        probe=False,
+        check=False,
+        limit=False,
+        root=case["root"],
+    )
+    (record,) = sweep.run_rank(config, "cpu", lambda kind, payload: None)
+    return record.computed_sent_bytes_per_rank
 
 
 @contextlib.contextmanager
@@ -607,6 +662,8 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "scratch": _scratch,
         "segments": _segments,
         "ring_messages": _ring_messages,
+        "wire_bytes": _wire_bytes,
+        "sweep_priced": _sweep_priced,
         "per_device_group": _per_device_group,
         "wire_faults": _wire_faults,
     }[kind](body)

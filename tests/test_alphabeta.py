@@ -102,6 +102,16 @@ def test_a_series_with_its_own_segment_is_priced_with_it():
     assert alphabeta.points([ar])[0].steps == 2 * 3 * 4
 
 
+def test_builtin_is_priced_as_the_records_backend_runs_it():
+    """gloo's reduce_scatter is an allreduce of the whole array: 2 (n-1)/n of it on the busiest
+    link, where a ring reduce-scatter carries (n-1)/n."""
+    record = {**_record("builtin", 4, 4 << 20, 0.05, collective="reduce_scatter"), "backend": "gloo"}
+    (point,) = alphabeta.points([record])
+    assert point.critical_bytes == cost("all_reduce", "ring", 4, 1 << 20, 4).critical_bytes == 6 << 20
+    (unsaid,) = alphabeta.points([{**record, "backend": "nccl"}])
+    assert unsaid.critical_bytes == 3 << 20
+
+
 def test_bad_input_raises_value_error():
     with pytest.raises(ValueError, match="at least 2 points"):
         alphabeta.fit(alphabeta.points(_synthetic())[:1])

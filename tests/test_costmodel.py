@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -74,12 +75,57 @@ def test_alpha_beta_time():
 
 
 def test_builtin_is_priced_as_a_ring_and_auto_as_what_it_picks():
-    assert (
-        cost("all_reduce", "builtin", 4, 4096, 4).sent_bytes
-        == cost("all_reduce", "ring", 4, 4096, 4).sent_bytes
-    )
+    for backend in (None, "nccl", "gloo"):
+        assert (
+            cost("all_reduce", "builtin", 4, 4096, 4, backend=backend).sent_bytes
+            == cost("all_reduce", "ring", 4, 4096, 4).sent_bytes
+        )
     small = tuning.choose("all_reduce", 1024, 4)
     assert cost("all_reduce", "auto", 4, 256, 4).sent_bytes == cost("all_reduce", small, 4, 256, 4).sent_bytes
+
+
+# Bytes each rank sent in gloo's broadcast, in messages, root 0 (TCP_INFO, 1.5 MiB of float32)
+GLOO_BROADCAST = {
+    3: [2, 0, 0],
+    4: [2, 1, 0, 0],
+    5: [3, 1, 0, 0, 0],
+    6: [3, 2, 0, 0, 0, 0],
+    7: [3, 2, 1, 0, 0, 0, 0],
+    8: [3, 2, 1, 1, 0, 0, 0, 0],
+}
+
+
+@pytest.mark.parametrize("world", sorted(GLOO_BROADCAST))
+def test_gloos_builtin_broadcast_is_its_binomial_tree(world):
+    """Measured with root 0 and root n - 1 alike (a ring chain priced [1, ..., 1, 0] before)."""
+    for root in (0, world - 1):
+        c = cost("broadcast", "builtin", world, 1000, 4, root=root, backend="gloo")
+        assert [c.sent_bytes[(x + root) % world] // 4000 for x in range(world)] == GLOO_BROADCAST[world]
+        assert c.recv_bytes == tuple(0 if r == root else 4000 for r in range(world))
+        assert c.steps == math.ceil(math.log2(world)) and c.critical_bytes == c.steps * 4000
+    # NCCL's, or a backend not said, stays the pipelined chain
+    assert cost("broadcast", "builtin", world, 1000, 4, backend="nccl").sent_bytes == tuple(
+        4000 if r < world - 1 else 0 for r in range(world)
+    )
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_gloos_builtin_reduce_scatter_is_an_allreduce_of_the_whole_array(world):
+    """Measured per rank: 2049 KiB at 3 ranks and 2305 at 4 for 1.5 MiB, the ring all_reduce's
+    2048 and 2304, against a ring reduce-scatter's 1024 and 1152."""
+    count = 12 << 15
+    gloo = cost("reduce_scatter", "builtin", world, count, 4, backend="gloo")
+    ring = cost("all_reduce", "ring", world, count, 4)
+    assert (gloo.sent_bytes, gloo.recv_bytes, gloo.steps, gloo.critical_bytes) == (
+        ring.sent_bytes,
+        ring.recv_bytes,
+        ring.steps,
+        ring.critical_bytes,
+    )
+    for backend in (None, "nccl"):
+        assert cost("reduce_scatter", "builtin", world, count, 4, backend=backend).sent_bytes == tuple(
+            [(world - 1) * count // world * 4] * world
+        )
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 5, 8])

@@ -119,3 +119,26 @@ def test_batchnorm_statistics_and_held_out_loss_are_ddps(train_worlds) -> None:
             assert r["param_diff"][s] < 1e-6, (s, rank, r["param_diff"])
             assert r["buffer_diff"][s] < 1e-6, (s, rank, r["buffer_diff"])
             assert eval_loss[s] == pytest.approx(eval_loss["ddp"], rel=1e-6), (s, rank, eval_loss)
+
+
+def test_computed_wire_bytes_price_gloos_own_buffer_broadcast(train_worlds) -> None:
+    """ddp's buffer broadcast is gloo's binomial tree: at 3 ranks rank 0 sends both copies, and the
+    summary's computed bytes are the cost model's for gloo (priced as a ring, rank 1 sent one)."""
+    from commbench.trainers.loop import TrainConfig, computed_wire_bytes
+    from commbench.trainers.models import build_model
+    from commbench.trainers.sync import trainable
+
+    options = (("input_shape", (3, 8, 8)),)
+    config = _config(("ddp",), model="vgg11", model_options=options, samples=48, batch_size=8)
+    config.update(steps_per_epoch=1, epochs=1, evaluate=False)
+    model = build_model("vgg11", **dict(options))
+    numels = [p.numel() for p in trainable(model)]
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    priced = {
+        backend: computed_wire_bytes("ddp", 3, numels, 4, TrainConfig(**config), buffers, backend=backend)
+        for backend in ("gloo", None)
+    }
+    assert [a - b for a, b in zip(priced["gloo"], priced[None], strict=True)] == [buffers, -buffers, 0]
+    (summary,) = _results(train_worlds(3), config, diff_against="ddp")[0]["summaries"]
+    syncs = summary["syncs_per_epoch"]
+    assert summary["wire_bytes_per_rank_per_epoch"] == [w * syncs for w in priced["gloo"]]

@@ -93,6 +93,7 @@ def points(records: Iterable[dict[str, Any]]) -> list[Point]:
                     r["count"],
                     r["size_bytes"] // r["count"],
                     root=r.get("root", 0),
+                    backend=r.get("backend"),  # builtin is priced as the record's backend runs it
                     **({} if segment is None else {"segment_bytes": segment}),
                 )
             except ValueError:

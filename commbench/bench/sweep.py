@@ -271,6 +271,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
     device = (
         torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else torch.device("cpu")
     )
+    moved_by = comm.p2p.backend_for(None, device)  # the one builtin runs on: its price depends on it
     dtype = parse_dtype(config.dtype)
     spec = SPECS[config.collective]
     limit_spec = SPECS["sendrecv"]
@@ -347,7 +348,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
             w = torch.tensor(local, dtype=torch.int64, device=device if backend == "nccl" else "cpu")
             dist.all_reduce(w)
             wrong = dict(zip(config.series, w.cpu().tolist(), strict=True))
-        model = {s: _model_bytes(config, s, size_bytes, count, world) for s in config.series}
+        model = {s: _model_bytes(config, s, size_bytes, count, world, moved_by) for s in config.series}
         counted = (
             {
                 s: _count_wire(counter, config, s, bufs[s], spec, limit_spec, workspace, size_bytes, model[s])
@@ -405,9 +406,10 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
 
 
 def _model_bytes(
-    config: SweepConfig, s: str, size_bytes: int, count: int, world: int
+    config: SweepConfig, s: str, size_bytes: int, count: int, world: int, backend: str | None = None
 ) -> tuple[str, list[int], list[int]]:
-    """What series ``s`` resolves to at this size, and the bytes each rank sends and receives per call."""
+    """What series ``s`` resolves to at this size, and the bytes each rank sends and receives per
+    call (``builtin`` as ``backend`` runs it)."""
     if s == LIMIT or config.collective == "sendrecv":
         sent = [size_bytes if world > 1 else 0] * world
         return "p2p", sent, list(sent)
@@ -420,6 +422,7 @@ def _model_bytes(
         size_bytes // count,
         root=config.root,
         segment_bytes=segment,
+        backend=backend,
     )
     return resolved, list(c.sent_bytes), list(c.recv_bytes)
 

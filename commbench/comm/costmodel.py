@@ -2,9 +2,10 @@
 also the scratch memory each rank's Workspace holds for a call (:func:`scratch_bytes`).
 
 Sizes follow nccl-tests: for reduce_scatter and all_gather ``count`` is the whole (gathered)
-array, n times the per-rank part. ``builtin`` is priced as a ring, the algorithm gloo and NCCL
-use for large messages. Time = steps x alpha + critical_bytes x beta, where critical_bytes is
-what the busiest link carries in sequence.
+array, n times the per-rank part. ``builtin`` is priced as what the backend runs (see
+:func:`cost`): a ring, but for gloo's reduce_scatter (an allreduce of the whole array) and gloo's
+broadcast (a binomial tree). Time = steps x alpha + critical_bytes x beta, where critical_bytes
+is what the busiest link carries in sequence.
 """
 
 from __future__ import annotations
@@ -104,6 +105,14 @@ def _hd_all_reduce(count: int, n: int, item: int) -> tuple[list[int], list[int],
     return moved, list(moved), steps, 2 * item * sum(widest) + fold * size
 
 
+def _gloo_broadcast_children(rel: int, n: int) -> list[int]:
+    """Whom relative rank ``rel`` sends to in gloo's broadcast, a binomial tree: in round k every
+    rank holding the data (rel < 2^k) sends to rel + 2^k. Not :func:`binomial_children`'s
+    numbering: measured per rank with TCP_INFO, at 4 ranks the root sends twice and relative
+    rank 1 once ([2, 1, 0, 0]), at 8 [3, 2, 1, 1, 0, 0, 0, 0], with root 0 and root n - 1 alike."""
+    return [rel + (1 << k) for k in range(tree_depth(n)) if (1 << k) > rel and rel + (1 << k) < n]
+
+
 def _ring_reduce(
     count: int, n: int, item: int, dst: int, segment_bytes: int | None
 ) -> tuple[list[int], list[int], int, int]:
@@ -156,8 +165,16 @@ def cost(
     *,
     root: int = 0,
     segment_bytes: int = SEGMENT_BYTES,
+    backend: str | None = None,
 ) -> Cost:
     """Price one call. ``algorithm="auto"`` is priced as what it resolves to.
+
+    ``builtin`` is priced as ``backend`` runs it. NCCL (and None: a backend not said) as a ring,
+    the ring or chain NCCL uses for large messages. gloo as a ring, as measured per rank with
+    TCP_INFO for its allreduce, reduce and allgather, but for two: its reduce_scatter runs an
+    allreduce of the whole array, so it is priced as the ring all_reduce of ``count`` elements
+    (twice the bytes of a ring reduce-scatter), and its broadcast is a binomial tree (see
+    :func:`_gloo_broadcast_children`), ceil(log2 n) steps with the root's sends in sequence.
 
     Args:
         collective: all_reduce, reduce_scatter, all_gather, broadcast or reduce.
@@ -166,6 +183,7 @@ def cost(
         count: elements (the whole gathered array for reduce_scatter and all_gather).
         itemsize: bytes per element.
         root: source of broadcast, destination of reduce.
+        backend: the backend that moves the tensors ("gloo", "nccl"), for ``builtin``.
         segment_bytes: the ring's pipeline segment. Steps count the messages on the critical
             path, so a ring's grow with its segments. ``builtin``'s own segmenting is the
             backend's: its ring steps are one message a step (a broadcast's chain is pipelined
@@ -176,6 +194,8 @@ def cost(
     if algorithm == "auto":
         algorithm = tuning.choose(collective, size, n)
     priced = "ring" if algorithm == "builtin" else algorithm
+    if algorithm == "builtin" and backend == "gloo":
+        priced = {"reduce_scatter": "gloo_allreduce", "broadcast": "gloo_tree"}.get(collective, priced)
     segment = None if algorithm == "builtin" else segment_bytes
     zero = [0] * n
     if n == 1 or count == 0:
@@ -199,6 +219,8 @@ def cost(
             sent = [(n - 1) * part] * n
             recv = list(sent)
             steps, critical = (n - 1) * _segments(count // n, itemsize, segment), (n - 1) * part
+        elif priced == "gloo_allreduce":
+            sent, recv, steps, critical = _ring_all_reduce(count, n, itemsize, None)
         elif priced == "naive":
             if collective == "reduce_scatter":  # whole inputs in, one part back out
                 sent = [(n - 1) * part] + [size] * (n - 1)
@@ -218,6 +240,10 @@ def cost(
         elif priced == "tree":
             sent = [len(binomial_children(x, n)) * size for x in rel]
             recv = [0 if binomial_parent(x) is None else size for x in rel]
+            steps, critical = tree_depth(n), tree_depth(n) * size
+        elif priced == "gloo_tree":
+            sent = [len(_gloo_broadcast_children(x, n)) * size for x in rel]
+            recv = [0 if x == 0 else size for x in rel]
             steps, critical = tree_depth(n), tree_depth(n) * size
         elif priced == "ring":
             nseg = num_segments(count, itemsize, segment or SEGMENT_BYTES)

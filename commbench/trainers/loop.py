@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
+from commbench.comm import p2p
 from commbench.comm.costmodel import cost
 from commbench.trainers import sync as sync_mod
 from commbench.trainers.bucketing import (
@@ -241,6 +242,7 @@ def wire_bytes_per_sync(
     itemsize: int,
     config: TrainConfig,
     buffer_bytes: int = 0,
+    backend: str | None = None,
 ) -> tuple[list[int], list[int]] | None:
     """Each rank's (sent, received) bytes per sync for ``strategy``, from the cost model; None where
     the strategy's traffic is not modelled (dp and vanilla-dp move data over the local bus).
@@ -248,7 +250,9 @@ def wire_bytes_per_sync(
     ``buffer_bytes``: the model's buffers (BatchNorm statistics), which ddp and the hand-written
     strategies broadcast from rank 0 before every forward in training, as DistributedDataParallel
     does by default. The hand-written strategies' allreduces carry one element more a parameter
-    (whether it got a gradient: ``sync._pack_with_flags``)."""
+    (whether it got a gradient: ``sync._pack_with_flags``). ``backend``: the one that moves the
+    gradients, whose own allreduce (ddp, bucketed over the backend) and broadcast (the buffers, by
+    ``dist.broadcast`` here and DDP's ``_broadcast_coalesced``) are priced as it runs them."""
     total = sum(numels)
     if strategy in ("naive", "ring", "bucketed", "ddp"):
         flag = int(strategy != "ddp")
@@ -260,11 +264,11 @@ def wire_bytes_per_sync(
                 numels, itemsize, int(config.bucket_cap_mb * MiB), int(config.first_bucket_mb * MiB)
             )
             calls = [
-                cost("all_reduce", algorithm, world, b.numel + flag * len(b.params), itemsize)
-                for b in buckets
+                cost("all_reduce", algorithm, world, n, itemsize, backend=backend)
+                for n in (b.numel + flag * len(b.params) for b in buckets)
             ]
         if buffer_bytes:
-            calls.append(cost("broadcast", "builtin", world, buffer_bytes, 1))
+            calls.append(cost("broadcast", "builtin", world, buffer_bytes, 1, backend=backend))
         sent, recv = [0] * world, [0] * world
         for c in calls:
             sent = [x + y for x, y in zip(sent, c.sent_bytes, strict=True)]
@@ -298,6 +302,8 @@ class Trainer:
         self.strategy, self.device, self.config = strategy, device, config
         self.clock = Clock(device)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
+        # the backend that moves this trainer's tensors: the cost model prices its builtins by it
+        self.backend = p2p.backend_for(None, device) if dist.is_initialized() else None
         torch.manual_seed(config.seed)  # the same initial model on every rank and for every strategy
         options = {**dict(config.model_options), "input_shape": input_shape}
         model = build_model(config.model, **options).to(device)
@@ -497,7 +503,9 @@ def summarise(
     numels = [p.numel() for p in trainer.params]
     itemsize = trainer.params[0].element_size()
     syncs = syncs_per_epoch(num_samples, batch_size, world, config.steps_per_epoch)
-    wire = computed_wire_bytes(trainer.strategy, world, numels, itemsize, config, trainer.buffer_bytes)
+    wire = computed_wire_bytes(
+        trainer.strategy, world, numels, itemsize, config, trainer.buffer_bytes, backend=trainer.backend
+    )
     reached = next(
         (e for e in epochs if config.loss_threshold is not None and e.loss < config.loss_threshold), None
     )
@@ -707,7 +715,7 @@ def run_rank(
                 prior = history[tr.strategy][-1].cumulative_time_s if history[tr.strategy] else 0.0
                 wire = None
                 per_sync = wire_bytes_per_sync(
-                    tr.strategy, world, tr.numels, tr.itemsize, config, tr.buffer_bytes
+                    tr.strategy, world, tr.numels, tr.itemsize, config, tr.buffer_bytes, backend=tr.backend
                 )
                 if windows is not None and per_sync is not None:
                     wire = windows.take(tr.strategy, steps, *per_sync, sum(tr.numels) * tr.itemsize)
