@@ -55,6 +55,10 @@ def test_naive_all_reduce_loads_the_root(world):
 @pytest.mark.parametrize("collective", sorted(ALGORITHMS))
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 7])
 def test_every_byte_sent_is_received(collective, world):
+    """The model counts what a rank sends from its own schedule and what it receives from its
+    peers' (a partner's spans in hd, the left neighbour's chunks in a ring), so the totals agree
+    only where the two sides pair up. Per rank, both are checked against counted messages in
+    tests/test_comm_distributed.py."""
     for algorithm in ALGORITHMS[collective]:
         for part in (0, 1, 7, 1000 * world):
             whole = collective in ("reduce_scatter", "all_gather")  # count: the whole array

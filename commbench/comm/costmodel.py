@@ -20,6 +20,7 @@ from commbench.comm.chunking import (
     num_segments,
     recursive_doubling_layout,
     recursive_doubling_rank,
+    recursive_doubling_real,
     ring_all_gather_order,
     ring_reduce_scatter_order,
     split,
@@ -74,35 +75,50 @@ def _fold_bytes(r: int, folded: int, size: int) -> int:
     return size if r < 2 * folded else 0
 
 
+def _rounds(core: int) -> list[int]:
+    """The partner bit of each round of recursive doubling over ``core`` ranks, highest first."""
+    return [1 << b for b in reversed(range(core.bit_length() - 1))]
+
+
 def _rd_all_reduce(size: int, n: int) -> tuple[list[int], list[int], int, int]:
+    """Each core rank sends its whole vector to its partner every round; what a rank receives is
+    counted from the other side, its partners' sends (each core rank is a partner once a round)."""
     core, folded = recursive_doubling_layout(n)
-    rounds = core.bit_length() - 1
-    moved = [
-        (0 if recursive_doubling_rank(r, n) is None else rounds * size) + _fold_bytes(r, folded, size)
-        for r in range(n)
-    ]
-    steps = rounds + (2 if folded else 0)
-    return moved, list(moved), steps, steps * size
+    bits = _rounds(core)
+    sent = [_fold_bytes(r, folded, size) for r in range(n)]
+    recv = list(sent)  # the pair of a fold swap one message each way
+    for r in range(n):
+        me = recursive_doubling_rank(r, n)
+        if me is not None:
+            sent[r] += len(bits) * size
+            for bit in bits:  # the partner sends to me ^ bit's partner, which is me
+                recv[recursive_doubling_real(me ^ bit, n)] += size
+    steps = len(bits) + (2 if folded else 0)
+    return sent, recv, steps, steps * size
 
 
 def _hd_all_reduce(count: int, n: int, item: int) -> tuple[list[int], list[int], int, int]:
-    """Recursive halving then doubling: each core rank sends and receives, per round, the span it
-    gives and the span it keeps (halving one way, doubling the other); folds as in ``rd``."""
+    """Recursive halving then doubling: each core rank sends, per round, the span it gives
+    (halving) and the span it keeps (doubling, rounds reversed). What it receives is counted from
+    its partner's schedule: the partner's given span, then the partner's kept one. Folds as in
+    ``rd``."""
     core, folded = recursive_doubling_layout(n)
     size = count * item
-    moved, widest = [], [0] * (core.bit_length() - 1)  # widest message per round
+    sent = [_fold_bytes(r, folded, size) for r in range(n)]
+    recv = list(sent)  # the pair of a fold swap one message each way
+    widest = [0] * (core.bit_length() - 1)  # widest message per round
     for r in range(n):
-        moved.append(_fold_bytes(r, folded, size))
         me = recursive_doubling_rank(r, n)
         if me is None:
             continue
-        rounds = halving_schedule(me, core, count)
-        moved[-1] += item * sum(k1 - k0 + g1 - g0 for _, (k0, k1), (g0, g1) in rounds)
-        for i, (_, (k0, k1), (g0, g1)) in enumerate(rounds):
+        for i, (partner, (k0, k1), (g0, g1)) in enumerate(halving_schedule(me, core, count)):
+            sent[r] += item * (g1 - g0 + k1 - k0)
+            _, (pk0, pk1), (pg0, pg1) = halving_schedule(partner, core, count)[i]
+            recv[r] += item * (pg1 - pg0 + pk1 - pk0)
             widest[i] = max(widest[i], k1 - k0, g1 - g0)
     fold = 2 if folded else 0
     steps = 2 * len(widest) + fold
-    return moved, list(moved), steps, 2 * item * sum(widest) + fold * size
+    return sent, recv, steps, 2 * item * sum(widest) + fold * size
 
 
 def _gloo_broadcast_children(rel: int, n: int) -> list[int]:
@@ -204,8 +220,8 @@ def cost(
         if priced == "ring":
             sent, recv, steps, critical = _ring_all_reduce(count, n, itemsize, segment)
         elif priced == "naive":
-            sent = [(n - 1) * size] + [size] * (n - 1)
-            recv = list(sent)
+            sent = [(n - 1) * size] + [size] * (n - 1)  # the result to each peer; each peer's input
+            recv = [size * (n - 1)] + [sent[0] // (n - 1)] * (n - 1)  # the peers' inputs; a result
             steps, critical = 2 * (n - 1), 2 * (n - 1) * size
         elif priced == "rd":
             sent, recv, steps, critical = _rd_all_reduce(size, n)
@@ -217,7 +233,7 @@ def cost(
         part = size // n
         if priced == "ring":
             sent = [(n - 1) * part] * n
-            recv = list(sent)
+            recv = [sent[(r - 1) % n] for r in range(n)]  # what the left neighbour sends
             steps, critical = (n - 1) * _segments(count // n, itemsize, segment), (n - 1) * part
         elif priced == "gloo_allreduce":
             sent, recv, steps, critical = _ring_all_reduce(count, n, itemsize, None)
