@@ -205,6 +205,11 @@ def append_record(path: str | Path, row: dict[str, Any]) -> None:
         f.write((json.dumps(row) + "\n").encode())
 
 
+def first_line(exc: BaseException) -> str:
+    """An error's first non-blank line, or its type's name where it says nothing."""
+    return next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+
+
 def plot_or_note(draw: Callable[[], None], path: str | Path) -> bool:
     """Call ``draw`` (which writes the plot ``path``); a failure becomes one line on stderr rather
     than a failed run, since the plot comes after the measurements, which are written by then.
@@ -212,8 +217,7 @@ def plot_or_note(draw: Callable[[], None], path: str | Path) -> bool:
     try:
         draw()
     except Exception as exc:  # whatever the plotting library raises, the run's records stand
-        reason = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-        print(f"commbench: plot {path} not written: {reason}", file=sys.stderr, flush=True)
+        print(f"commbench: plot {path} not written: {first_line(exc)}", file=sys.stderr, flush=True)
         return False
     return True
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from commbench.bench.records import complete_lines, exposed_comm_ms, output_path
+from commbench.bench.records import complete_lines, exposed_comm_ms, first_line, output_path
 
 MACHINE_FIELDS = (
     ("hostname", "host"),
@@ -308,12 +308,8 @@ class _Plots:
         except OSError:  # the report's own directory refused a file: the report cannot be written
             raise
         except Exception as exc:  # whatever the records or the plotting library raise
-            return [Para(text=f"(plot {file} not drawn: {_first_line(exc)})")]
+            return [Para(text=f"(plot {file} not drawn: {first_line(exc)})")]
         return [Image(file=file, caption=caption)]
-
-
-def _first_line(exc: BaseException) -> str:
-    return next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
 def machine_section(runs: Sequence[Run]) -> list[Block]:
@@ -582,7 +578,7 @@ def training_section(run: Run, plots: _Plots) -> list[Block]:
     except OSError:
         raise
     except Exception as exc:  # as in _Plots.add
-        blocks.append(Para(text=f"(training plots not drawn: {_first_line(exc)})"))
+        blocks.append(Para(text=f"(training plots not drawn: {first_line(exc)})"))
     blocks += plots.add(
         f"{run.label}-throughput",
         lambda p: plot_throughput(summaries, p, what),
