@@ -107,13 +107,14 @@ def _hd_all_reduce(count: int, n: int, item: int) -> tuple[list[int], list[int],
     sent = [_fold_bytes(r, folded, size) for r in range(n)]
     recv = list(sent)  # the pair of a fold swap one message each way
     widest = [0] * (core.bit_length() - 1)  # widest message per round
+    schedules = [halving_schedule(me, core, count) for me in range(core)]
     for r in range(n):
         me = recursive_doubling_rank(r, n)
         if me is None:
             continue
-        for i, (partner, (k0, k1), (g0, g1)) in enumerate(halving_schedule(me, core, count)):
+        for i, (partner, (k0, k1), (g0, g1)) in enumerate(schedules[me]):
             sent[r] += item * (g1 - g0 + k1 - k0)
-            _, (pk0, pk1), (pg0, pg1) = halving_schedule(partner, core, count)[i]
+            _, (pk0, pk1), (pg0, pg1) = schedules[partner][i]
             recv[r] += item * (pg1 - pg0 + pk1 - pk0)
             widest[i] = max(widest[i], k1 - k0, g1 - g0)
     fold = 2 if folded else 0
