@@ -36,6 +36,8 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["sweep", "-b", "0"], "> 0"),
         (["sweep", "-b", "-5"], "not a size"),
         (["sweep", "-e", "12T"], "not a size"),
+        # the memory check's meta tensors printed torch's C++ stack for a count past int64
+        (["sweep", "-e", "99999999999999999999999G"], "maximum size must be <= 1125899906842624 bytes"),
         (["sweep", "-f", "1"], "step factor"),
         (["sweep", "--collective", "alltoall"], "unknown collective"),
         (["sweep", "-a", "ring,bogus"], "unknown algorithm 'bogus'"),

@@ -42,6 +42,14 @@ def test_sizes_by_factor_and_by_step():
     assert sizes(SweepConfig(min_bytes=1024, max_bytes=5000, step_factor=4)) == [1024, 4096]
     assert sizes(SweepConfig(min_bytes=100, max_bytes=400, step_bytes=100)) == [100, 200, 300, 400]
     assert sizes(SweepConfig(min_bytes=1, max_bytes=3, step_factor=1.1)) == [1, 2, 3]
+    # 5.5 truncates to 5, still inside the range; 13.75 is past it
+    assert sizes(SweepConfig(min_bytes=2, max_bytes=5, step_factor=2.75)) == [2, 5]
+
+
+def test_a_huge_step_factor_ends_the_sizes_rather_than_overflowing():
+    # 4096 * 1e306 is inf as a float: int() of it raised OverflowError, a traceback at the CLI
+    assert sizes(SweepConfig(min_bytes=4096, max_bytes=8192, step_factor=1e306)) == [4096]
+    assert sizes(SweepConfig(min_bytes=1 << 30, max_bytes=1 << 30, step_factor=1e300)) == [1 << 30]
 
 
 def test_stats():
@@ -61,6 +69,7 @@ def test_stats():
         ({"max_bytes": -1}, "> 0"),
         ({"step_factor": 1.0}, "step factor"),
         ({"step_bytes": 0}, "step bytes"),
+        ({"max_bytes": (1 << 50) + 1}, "maximum size must be <= 1125899906842624 bytes"),
         ({"collective": "alltoall"}, "unknown collective"),
         ({"algorithms": ("ring", "bogus")}, "unknown algorithm 'bogus'"),
         ({"algorithms": ("ring", "ring")}, "twice"),

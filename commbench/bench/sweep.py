@@ -39,6 +39,7 @@ from commbench.comm.ring import SEGMENT_BYTES
 LIMIT = "limit"  # name of the sendrecv series measured beside the algorithms
 MAX_SIZES = 1000
 MAX_ITERS = 1_000_000  # per size and series; each timed one keeps its time until the size ends
+MAX_BYTES = 1 << 50  # 1 PiB: no machine holds a message of more, and counts stay far inside int64
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -89,6 +90,8 @@ class SweepConfig:
             raise ValueError(f"sizes must be > 0 bytes, got {self.min_bytes} and {self.max_bytes}")
         if self.min_bytes > self.max_bytes:
             raise ValueError(f"minimum size {self.min_bytes} is above maximum size {self.max_bytes}")
+        if self.max_bytes > MAX_BYTES:
+            raise ValueError(f"maximum size must be <= {MAX_BYTES} bytes (1 PiB), got {self.max_bytes}")
         if self.step_bytes is not None and self.step_bytes <= 0:
             raise ValueError(f"step bytes must be > 0, got {self.step_bytes}")
         if self.step_bytes is None and not (self.step_factor > 1 and math.isfinite(self.step_factor)):
@@ -136,7 +139,10 @@ def sizes(config: SweepConfig) -> list[int]:
         if config.step_bytes is not None:
             size += config.step_bytes
         else:
-            nxt = int(size * config.step_factor)
+            grown = size * config.step_factor  # a float: a huge factor gives inf, never an int of it
+            if grown >= config.max_bytes + 1:
+                break
+            nxt = int(grown)
             size = nxt if nxt > size else size + 1
     return out
 
