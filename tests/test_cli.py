@@ -876,6 +876,26 @@ def test_the_interrupted_message_counts_points_past_a_line_cut_short(tmp_path):
     assert _kept(str(path)) == f"; finished points are in {path}"
 
 
+def test_a_stop_before_the_run_writes_its_records_does_not_claim_an_earlier_runs_points(
+    tmp_path, monkeypatch, capsys
+):
+    """The records file named by --json still holds an earlier run's points when the stop comes
+    before rank 0 opens it: those are not this run's finished points."""
+    from commbench.bench import cli
+
+    old = tmp_path / "r.jsonl"
+    old.write_text('{"type": "header"}\n{"type": "sweep"}\n')
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_sweep", stopped)
+    assert main(["sweep", "--json", str(old)]) == 130
+    err = capsys.readouterr().err
+    assert err == f"commbench: interrupted; nothing had finished, {old} is as it was before this run\n"
+    assert old.read_text() == '{"type": "header"}\n{"type": "sweep"}\n'
+
+
 def test_a_path_behind_a_directory_without_access_is_one_line(monkeypatch, capsys):
     """As a user other than root, ``Path.is_dir`` itself raises on a directory that user cannot
     enter (root passes every permission check, so the error is put in its place here)."""

@@ -467,10 +467,23 @@ def _import_launch() -> Any:
     return launch
 
 
-def _kept(path: str | None) -> str:
-    """What an interrupted run left in ``path``, for its one-line message."""
+def _file_stamp(path: str | None) -> tuple[int, int, int] | None:
+    """(inode, size, modification time) of ``path``, None where it cannot be read."""
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns) if st else None
+
+
+def _kept(path: str | None, before: tuple[int, int, int] | None = None) -> str:
+    """What an interrupted run left in ``path``, for its one-line message; ``before`` is the
+    file's :func:`_file_stamp` when the run began: a file this run never wrote holds an earlier
+    run's points, not its own."""
     if not path:
         return ""
+    if before is not None and _file_stamp(path) == before:
+        return f"; nothing had finished, {path} is as it was before this run"
     import json
 
     try:
@@ -562,8 +575,11 @@ def _main(argv: list[str] | None) -> int:
     NotStarted = launch.starter.ServerNotReady
 
     args = None
+    records, before = None, None
     try:
         args = build_parser().parse_args(argv)
+        records = getattr(args, "json", None) or ("results/demo.jsonl" if args.command == "demo" else None)
+        before = _file_stamp(records)
         if args.command == "sweep":
             return cmd_sweep(sweep_config(args), launch_spec(args), args.plot)
         if args.command == "summary":
@@ -645,10 +661,7 @@ def _main(argv: list[str] | None) -> int:
         from commbench.bench import signals  # loaded already, by the launcher's module
 
         signals.ignore_further(exiting=True)  # a second Ctrl-C would cut the exit's clean-up short
-        kept = getattr(args, "json", None) or (
-            "results/demo.jsonl" if args and args.command == "demo" else None
-        )
-        print("commbench: interrupted" + _kept(kept), file=sys.stderr)
+        print("commbench: interrupted" + _kept(records, before), file=sys.stderr)
         return 128 + getattr(exc, "signum", 2)
     except BrokenPipeError:
         # The reader of our output left (`commbench summary ... | head`): stop quietly, as a
