@@ -545,6 +545,20 @@ def test_a_stop_while_the_cli_imports_torch_is_one_line_and_its_exit_code(sig):
     assert (done.returncode, done.stderr) == (128 + sig, "commbench: interrupted\n")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["closed-terminal", "term"])
+def test_a_stop_between_the_launchers_import_and_the_launch_is_one_line_and_its_exit_code(sig, tmp_path):
+    """--plot's check imports matplotlib after the launcher's module and before the launch: a
+    SIGTERM or SIGHUP there took its default action, exit 143 or 129 with no line."""
+    hook = _SIGINT_AT.replace("signal.SIGINT", f"signal.{sig.name}").replace(
+        "'summary', '/nonexistent.jsonl'", f"'sweep', '-q', '--plot', '{tmp_path / 'r.png'}'"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", hook, "matplotlib"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stderr) == (128 + sig, "commbench: interrupted\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_command_and_python_m_commbench_go_through_the_guarded_entry():
     """setup.cfg's console script and ``python -m commbench`` both start at ``commbench.__main__:run``."""
     scripts = configparser.ConfigParser()

@@ -444,6 +444,31 @@ def cmd_summary(files: list[str], across: bool = False) -> int:
     return 0
 
 
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP outside a launch, raised where Ctrl-C raises KeyboardInterrupt."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise _Stopped(signum)
+
+
+def _stops_raise_outside_launches() -> None:
+    """SIGTERM and SIGHUP that would take their default action raise :class:`_Stopped` from now
+    on, as SIGINT raises KeyboardInterrupt: between the import of the launcher and the launch
+    (parsing, checks, matplotlib's import for --plot: about a second) they ended the command
+    without its one line. A launch sets its own and puts these back; a handler that the caller
+    set (a study running its commands) or an inherited ignore is left as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(s) == signal.SIG_DFL:
+            signal.signal(s, _raise_stopped)
+
+
 class _SignalWhileLoading(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(f"signal {signum}")
@@ -565,6 +590,7 @@ def _main(argv: list[str] | None) -> int:
             print(f"commbench: error: {refused}", file=sys.stderr)
             return 2
         launch = _import_launch()
+        _stops_raise_outside_launches()
     except (_SignalWhileLoading, KeyboardInterrupt) as exc:  # KeyboardInterrupt: while the rank server starts
         from commbench.bench import signals
 
