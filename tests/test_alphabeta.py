@@ -90,6 +90,18 @@ def test_points_price_records_and_skip_what_the_model_cannot():
     assert (pts[1].steps, pts[1].critical_bytes) == (1, 1 << 20)
 
 
+def test_the_limit_series_takes_one_step_per_segment_it_sends():
+    """The limit was one step at any size: 64 MiB goes as 4 segments of the default 16 MiB, and
+    p2p@64K sends 1 MiB as 16."""
+    records = [
+        _record("p2p", 2, 64 << 20, 0.5, collective="sendrecv"),
+        _record("p2p@64K", 2, 1 << 20, 0.01, collective="sendrecv"),
+        _record("p2p", 2, 4, 0.0001, collective="sendrecv"),
+    ]
+    pts = alphabeta.points(records)
+    assert [(p.steps, p.critical_bytes) for p in pts] == [(4, 64 << 20), (16, 1 << 20), (1, 4)]
+
+
 def test_a_series_with_its_own_segment_is_priced_with_it():
     """A pipelined broadcast takes n - 2 + segments steps: ring@64K at 4 ranks and 4 MiB is 66."""
     record = {**_record("ring@64K", 4, 4 << 20, 0.05, collective="broadcast"), "resolved_algorithm": "ring"}

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from commbench.bench.collectives import series_parts
+from commbench.comm.chunking import num_segments
 from commbench.comm.costmodel import cost
+from commbench.comm.ring import SEGMENT_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,16 +78,21 @@ class Row:
 
 def points(records: Iterable[dict[str, Any]]) -> list[Point]:
     """Priced points from sweep records (``type == "sweep"``); records the model cannot price are left
-    out. The send/recv limit series is one step carrying the whole message."""
+    out. The send/recv limit series carries the whole message, one step per segment, as it sends
+    it (the ring algorithms' segment unless the series names its own: "p2p@64K")."""
     out = []
     for r in records:
         if r.get("type") != "sweep" or not r.get("count") or r.get("time_us", 0) <= 0:
             continue
+        try:
+            _, segment = series_parts(r["algorithm"])  # "ring@64K": priced with its segments
+        except ValueError:
+            continue
         if r["collective"] == "sendrecv":
-            steps, critical = 1, r["size_bytes"]
+            itemsize = r["size_bytes"] // r["count"]
+            steps, critical = num_segments(r["count"], itemsize, segment or SEGMENT_BYTES), r["size_bytes"]
         else:
             try:
-                _, segment = series_parts(r["algorithm"])  # "ring@64K": priced with its segments
                 c = cost(
                     r["collective"],
                     r.get("resolved_algorithm") or r["algorithm"],
