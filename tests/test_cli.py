@@ -138,6 +138,34 @@ def test_cuda_without_cuda_is_bad_input(capsys):
     assert "CUDA is not available" in capsys.readouterr().err
 
 
+def test_more_nccl_ranks_than_gpus_is_bad_input(monkeypatch, capsys):
+    """Two NCCL ranks on one GPU failed inside the ranks (NCCL refuses a GPU shared by two), exit 1;
+    gloo may share one GPU between ranks."""
+    import torch
+
+    from commbench.bench import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["sweep", "--device", "cuda", "--world-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "commbench: error: NCCL needs a GPU for each rank: 2 ranks on this host, 1 GPU(s); "
+        "use --world-size 1 or --backend gloo\n"
+    )
+    args = cli.build_parser().parse_args(
+        ["sweep", "--device", "cuda", "--world-size", "2", "--backend", "gloo"]
+    )
+    assert cli.launch_spec(args).world_size == 2
+    args = cli.build_parser().parse_args(["sweep", "--device", "cuda", "--world-size", "1"])
+    assert cli.launch_spec(args).resolved_backend == "nccl"
+    # under torchrun, the ranks on this host count: two of a world of four on one GPU
+    for key, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ValueError, match="2 ranks on this host, 1 GPU"):
+        cli.launch_spec(cli.build_parser().parse_args(["sweep", "--device", "cuda"]))
+
+
 def test_sweep_writes_table_json_csv_and_plot(recorded_sweep, monkeypatch):
     from commbench.bench import launch
 

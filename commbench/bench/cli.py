@@ -238,7 +238,22 @@ def launch_spec(args: argparse.Namespace) -> Any:
         world_size=world, device=args.device, backend=args.backend, timeout_s=args.timeout
     )
     check_device(spec.device)
+    if spec.resolved_backend == "nccl":
+        check_gpus_for_nccl(launch.local_ranks() if launch.launched_externally() else world)
     return spec
+
+
+def check_gpus_for_nccl(local: int) -> None:
+    """Refuse more NCCL ranks on this host than it has GPUs: ranks take the GPU of their local
+    rank modulo the count, and NCCL refuses two ranks on one GPU, inside the ranks (exit 1)."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if local > gpus:
+        raise ValueError(
+            f"NCCL needs a GPU for each rank: {local} ranks on this host, {gpus} GPU(s); "
+            f"use --world-size {gpus} or --backend gloo"
+        )
 
 
 def external_rank_and_world() -> tuple[int, int]:
