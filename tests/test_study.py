@@ -551,3 +551,50 @@ def test_gradient_rate_is_not_shown_where_nothing_moved():
     assert rate(None, one) is None  # was 0.000 at one rank
     two = {**one, "wire_bytes_per_rank_per_epoch": [4_000_000, 4_000_000]}
     assert rate(None, two) == pytest.approx(4_000_000 / 4 / 0.5e-3 / 1e9)
+
+
+def _progress_indices(out: Path) -> list[int]:
+    return [json.loads(line)["index"] for line in (out / "runs" / study.PROGRESS).read_text().splitlines()]
+
+
+def test_a_stop_before_the_study_s_handlers_are_set_leaves_the_earlier_progress(tmp_path, monkeypatch):
+    """progress.jsonl was emptied before the handlers were set (torch's elastic module is imported
+    first): a signal there, on --resume, lost every finished run, and the next --resume re-ran them."""
+    config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
+    _, execute = _writing({3: 130})
+    study.run_study(config, execute=execute)
+    assert _progress_indices(tmp_path / "st") == [1, 2]
+    handlers = study._signals_interrupt
+
+    def stopped_first():
+        os.kill(os.getpid(), signal.SIGINT)  # Python's own handler yet: KeyboardInterrupt
+        return handlers()
+
+    monkeypatch.setattr(study, "_signals_interrupt", stopped_first)
+    started, execute = _writing({})
+    with pytest.raises(KeyboardInterrupt):
+        study.run_study(dataclasses.replace(config, resume=True), execute=execute)
+    assert started == [] and _progress_indices(tmp_path / "st") == [1, 2]
+
+
+def test_a_stop_while_progress_is_rewritten_is_a_stop_that_keeps_it(tmp_path, monkeypatch):
+    """The kept runs' lines were written outside the loop's try: a SIGTERM there escaped run_study
+    as an exception, with progress.jsonl emptied."""
+    config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
+    _, execute = _writing({3: 130})
+    study.run_study(config, execute=execute)
+    line = study._progress_line
+
+    def stopped_while_rewriting(o, out):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return line(o, out)
+
+    monkeypatch.setattr(study, "_progress_line", stopped_while_rewriting)
+    started, execute = _writing({})
+    result = study.run_study(dataclasses.replace(config, resume=True), execute=execute)
+    assert started == [] and result.stopped == 128 + signal.SIGTERM
+    assert [o.planned.index for o in result.outcomes] == [1, 2] and "(partial)" in result.report.read_text()
+    assert _progress_indices(tmp_path / "st") == [1, 2]
+    assert sorted(p.name for p in (tmp_path / "st" / "runs").iterdir() if "progress" in p.name) == [
+        study.PROGRESS
+    ]

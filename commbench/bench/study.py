@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import os
 import shlex
 import signal
 import statistics
@@ -26,9 +27,9 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from commbench.bench import reporting as rp
 from commbench.bench import signals
@@ -464,7 +465,6 @@ def run_study(
     done = _finished(out, planned) if config.resume else {}
     try:
         (out / "runs").mkdir(parents=True, exist_ok=True)
-        progress = open(out / "runs" / PROGRESS, "w")  # noqa: SIM115 (closed below, after every run)
     except OSError as exc:
         raise ValueError(f"cannot create {out / 'runs'}: {exc.strerror}") from None
     outcomes: list[Outcome] = []
@@ -475,11 +475,11 @@ def run_study(
         progress.write(json.dumps(_progress_line(o, out)) + "\n")
         progress.flush()
 
-    with progress, _signals_interrupt() as arm:
-        for o in done.values():  # first: a resumed start that is stopped again still holds them
-            progress.write(json.dumps(_progress_line(o, out)) + "\n")
-        progress.flush()
+    # The handlers first: progress.jsonl is replaced under them, so a stop while it is rewritten
+    # is a stop like one between runs, and leaves the earlier start's file as it was.
+    with _signals_interrupt() as arm, contextlib.ExitStack() as files:
         try:
+            progress = files.enter_context(_restart_progress(out, done.values()))
             for p in planned:
                 if p.index in done:
                     if on_kept is not None:
@@ -543,6 +543,27 @@ def _stamp(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size
+
+
+def _restart_progress(out: Path, kept: Iterable[Outcome]) -> TextIO:
+    """``DIR/runs/progress.jsonl`` anew, opened for appending, holding the lines of the ``kept`` runs
+    first (a resumed start that is stopped again still holds them). Written beside it and moved into
+    place: emptied first, a stop or a full disk before they were back lost every finished run.
+
+    Raises:
+        ValueError: the file cannot be written.
+    """
+    path = out / "runs" / PROGRESS
+    part = path.with_name(path.name + ".part")
+    try:
+        with open(part, "w") as f:
+            f.writelines(json.dumps(_progress_line(o, out)) + "\n" for o in kept)
+        os.replace(part, path)
+        return open(path, "a")  # noqa: SIM115 (the caller closes it, after every run)
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {exc.strerror}") from None
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def _progress_line(o: Outcome, out: Path) -> dict[str, Any]:
@@ -1141,8 +1162,6 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``commbench study``: list, plan or run a preset; prints one line per run and where the report is."""
-    import os
-
     if args.list:
         for name in known_studies():
             print(f"{name:<24} {load_study(name).title}")
