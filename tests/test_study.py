@@ -598,3 +598,21 @@ def test_a_stop_while_progress_is_rewritten_is_a_stop_that_keeps_it(tmp_path, mo
     assert sorted(p.name for p in (tmp_path / "st" / "runs").iterdir() if "progress" in p.name) == [
         study.PROGRESS
     ]
+
+
+def test_a_stop_while_a_finished_run_is_recorded_is_not_kept_by_the_report_alone(tmp_path, monkeypatch):
+    """A run was added to the report's runs before its progress line: a stop in between gave a
+    partial report that kept it, and a --resume that ran it again."""
+    line = study._progress_line
+
+    def stopped_while_recording(o, out):
+        if o.planned.index == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return line(o, out)
+
+    monkeypatch.setattr(study, "_progress_line", stopped_while_recording)
+    config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
+    _, execute = _writing({})
+    result = study.run_study(config, execute=execute)
+    assert result.stopped == 128 + signal.SIGTERM
+    assert [o.planned.index for o in result.outcomes] == _progress_indices(tmp_path / "st") == [1]

@@ -471,9 +471,11 @@ def run_study(
     stopped = None
 
     def keep(o: Outcome) -> None:
-        outcomes.append(o)
+        """Its progress line first: a stop in between leaves a run that --resume keeps and the
+        partial report left out, never one that the report kept and --resume runs again."""
         progress.write(json.dumps(_progress_line(o, out)) + "\n")
         progress.flush()
+        outcomes.append(o)
 
     # The handlers first: progress.jsonl is replaced under them, so a stop while it is rewritten
     # is a stop like one between runs, and leaves the earlier start's file as it was.
