@@ -616,3 +616,25 @@ def test_a_stop_while_a_finished_run_is_recorded_is_not_kept_by_the_report_alone
     result = study.run_study(config, execute=execute)
     assert result.stopped == 128 + signal.SIGTERM
     assert [o.planned.index for o in result.outcomes] == _progress_indices(tmp_path / "st") == [1]
+
+
+@pytest.mark.parametrize("where", ["in a run", "between runs"])
+def test_a_second_signal_does_not_cut_the_partial_report(tmp_path, monkeypatch, where):
+    """Stopped by a run's exit code (130), the study kept its handlers: a second Ctrl-C while the
+    partial report was written lost the report. Stopped between runs it was ignored already."""
+    write = study.write_study_report
+
+    def stopped_again_while_writing(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return write(*args, **kwargs)
+
+    def on_run(planned, total) -> None:
+        if where == "between runs" and planned.index == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(study, "write_study_report", stopped_again_while_writing)
+    config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
+    _, execute = _writing({2: 130} if where == "in a run" else {})
+    result = study.run_study(config, execute=execute, on_run=on_run)
+    assert result.stopped == 130 and [o.planned.index for o in result.outcomes] == [1]
+    assert result.report is not None and "(partial)" in result.report.read_text()

@@ -504,8 +504,9 @@ def run_study(
                     argv = list(p.local_argv) + (["-q"] if config.quiet else [])
                     code, error = _run_one(arm, execute, argv)
                 seconds = time.perf_counter() - start
-                if code in INTERRUPTED:
+                if code in INTERRUPTED:  # as a stop between runs does: a second must not cut the report
                     stopped = code
+                    signals.ignore_further()
                     break
                 keep(
                     Outcome(
