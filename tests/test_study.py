@@ -638,3 +638,20 @@ def test_a_second_signal_does_not_cut_the_partial_report(tmp_path, monkeypatch, 
     result = study.run_study(config, execute=execute, on_run=on_run)
     assert result.stopped == 130 and [o.planned.index for o in result.outcomes] == [1]
     assert result.report is not None and "(partial)" in result.report.read_text()
+
+
+def test_a_handler_set_outside_python_is_left_as_it_cannot_be_put_back(tmp_path, monkeypatch):
+    """signal.getsignal gives None for a handler that C code set; putting it back as None raised
+    TypeError as the study ended, after every run (signals.handled skips it already)."""
+    getsignal = signal.getsignal
+    monkeypatch.setattr(signal, "getsignal", lambda s: None if s == signal.SIGHUP else getsignal(s))
+    before = getsignal(signal.SIGHUP)
+    try:
+        config = study.StudyConfig(
+            name="004_batch_scaling", scale="tiny", out_dir=str(tmp_path / "st"), quiet=True
+        )
+        _, execute = _writing({})
+        result = study.run_study(config, execute=execute)
+        assert result.stopped is None and result.report is not None
+    finally:
+        signal.signal(signal.SIGHUP, before)

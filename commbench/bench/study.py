@@ -698,7 +698,8 @@ def _signals_interrupt() -> Iterator[Callable[[Callable[[list[str]], int], list[
         yield arm
     finally:
         for s, h in old.items():
-            signal.signal(s, h)
+            if h is not None:  # None: a handler set outside Python, which cannot be put back
+                signal.signal(s, h)
 
 
 # ---- the report -----------------------------------------------------------------------------
