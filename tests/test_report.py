@@ -235,3 +235,33 @@ def test_the_breakdowns_hidden_comm_marker_is_the_comm_that_ran_during_backward(
     plot_training([], summaries, tmp_path / "b.png", tmp_path / "l.png")
     (hidden,) = drawn
     assert hidden == [0.0, pytest.approx(218.41 * 0.59), 0.0]
+
+
+@pytest.mark.parametrize("where", ["plot_throughput", "plot_training"])
+def test_a_stop_while_a_plot_is_drawn_is_not_a_note(tmp_path, monkeypatch, where):
+    """Interrupted (a SIGTERM under handlers that raise it) is an Exception, and was taken for a
+    plot that failed."""
+    from commbench.bench import report
+    from commbench.bench.signals import Interrupted
+
+    def stopped(*args, **kwargs):
+        raise Interrupted(15)
+
+    summary = {"type": "train_summary", "strategy": "ring", "world_size": 2}
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps(summary | {"step_time_ms": 5.0, "images_per_s": 100.0}) + "\n")
+    monkeypatch.setattr(report, where, stopped)
+    with pytest.raises(Interrupted):
+        reporting.training_section(reporting.load_run(path), reporting._Plots(tmp_path))
+
+
+def test_a_stop_while_a_run_s_plot_is_drawn_is_not_a_note(capsys):
+    from commbench.bench.records import plot_or_note
+    from commbench.bench.signals import Interrupted
+
+    def stopped():
+        raise Interrupted(15)
+
+    with pytest.raises(Interrupted):
+        plot_or_note(stopped, "p.png")
+    assert capsys.readouterr().err == ""

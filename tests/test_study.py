@@ -655,3 +655,42 @@ def test_a_handler_set_outside_python_is_left_as_it_cannot_be_put_back(tmp_path,
         assert result.stopped is None and result.report is not None
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+PLOTTED = """title = "t"
+reference = "r"
+about = "a"
+metrics = ["step_time_ms"]
+plot = ["step_time_ms"]
+[defaults]
+options = { strategies = "ddp", model = "mlp", world-size = 2 }
+[[group]]
+label = "sizes"
+grid = { batch-size = [16, 32] }
+"""
+
+
+def _summaries(**fields):
+    """An execute that writes one train_summary record (with ``fields``) at each run's --json path."""
+
+    def execute(argv: list[str]) -> int:
+        record = {"type": "train_summary", "strategy": "ddp", "world_size": 2, "step_time_ms": 5.0}
+        record |= {"images_per_s": 100.0, **fields}
+        Path(argv[argv.index("--json") + 1]).write_text(json.dumps(record) + "\n")
+        return 0
+
+    return execute
+
+
+def test_a_stop_while_the_report_draws_a_plot_stops_the_study(tmp_path, monkeypatch):
+    """The report took the Interrupted a SIGTERM raised in a plot for a failed plot: the study
+    exited 0 with a complete report and a note where the plot was."""
+    from commbench.bench import report
+
+    (tmp_path / "plotted.toml").write_text(PLOTTED)
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    monkeypatch.setattr(report, "plot_grouped", lambda *a: os.kill(os.getpid(), signal.SIGTERM))
+    config = study.StudyConfig(name="plotted", out_dir=str(tmp_path / "st"), quiet=True)
+    result = study.run_study(config, execute=_summaries())
+    assert result.stopped == 128 + signal.SIGTERM and result.report is None
+    assert len(result.outcomes) == 2 and _progress_indices(tmp_path / "st") == [1, 2]

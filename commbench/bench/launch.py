@@ -45,12 +45,7 @@ AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 _stopping = False  # this rank is being stopped by a signal
 
 
-class Interrupted(Exception):
-    """The run was stopped by a signal (Ctrl-C, SIGTERM); the ranks have been stopped."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by signal {signum}")
-        self.signum = signum
+Interrupted = signals.Interrupted  # defined beside the handlers, where code without torch can catch it
 
 
 class RankFailed(RuntimeError):

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from commbench.bench.signals import Interrupted
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SweepRecord:
@@ -216,6 +218,8 @@ def plot_or_note(draw: Callable[[], None], path: str | Path) -> bool:
     Returns whether the plot was drawn."""
     try:
         draw()
+    except Interrupted:  # a signal, not a failed plot
+        raise
     except Exception as exc:  # whatever the plotting library raises, the run's records stand
         print(f"commbench: plot {path} not written: {first_line(exc)}", file=sys.stderr, flush=True)
         return False

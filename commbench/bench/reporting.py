@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.bench.records import complete_lines, exposed_comm_ms, first_line, output_path
+from commbench.bench.signals import Interrupted
 
 MACHINE_FIELDS = (
     ("hostname", "host"),
@@ -305,7 +306,7 @@ class _Plots:
         file = self.name(name)
         try:
             draw(self.out_dir / file)
-        except OSError:  # the report's own directory refused a file: the report cannot be written
+        except (OSError, Interrupted):  # the report's directory refused a file, or a signal: no report
             raise
         except Exception as exc:  # whatever the records or the plotting library raise
             return [Para(text=f"(plot {file} not drawn: {first_line(exc)})")]
@@ -575,7 +576,7 @@ def training_section(run: Run, plots: _Plots) -> list[Block]:
         blocks.append(Image(file=bfile, caption=f"median step time by phase per strategy ({what})"))
         if epochs:
             blocks.append(Image(file=lfile, caption="training loss per step"))
-    except OSError:
+    except (OSError, Interrupted):
         raise
     except Exception as exc:  # as in _Plots.add
         blocks.append(Para(text=f"(training plots not drawn: {first_line(exc)})"))

@@ -12,6 +12,15 @@ from typing import Any
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+class Interrupted(Exception):
+    """The run was stopped by a signal (Ctrl-C, SIGTERM); the ranks have been stopped. An Exception,
+    so code that turns whatever a step raises into a note (a plot) must let it through by name."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+
+
 @contextlib.contextmanager
 def handled(
     signals: Iterable[int], handler: Callable[[int, Any], None], also_restore: Iterable[int] = ()
