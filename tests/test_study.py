@@ -95,6 +95,69 @@ grid = { batch-size = [16] }
 """
 
 
+HEAD = 'title = "t"\nreference = "r"\nabout = "a"\n'
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("defaults = 1\n[[group]]\n", "[defaults] must be a table, got an integer (1)"),
+        ("group = 1\n", "group must be a list, got an integer (1)"),
+        ("group = [1]\n", "group 1 must be a table, got an integer (1)"),
+        ('[[group]]\noptions = "x"\n', "group 1: options must be a table, got a string ('x')"),
+        ("[[group]]\ngrid = [1, 2]\n", "group 1: grid must be a table, got a list"),
+        ("[[group]]\nfull = 3\n", "group 1: [full] must be a table, got an integer (3)"),
+        ('[[group]]\ntiny = "small"\n', "group 1: [tiny] must be a table, got a string ('small')"),
+        (
+            "[[group]]\nfull = { options = 1 }\n",
+            "group 1: [full] options must be a table, got an integer (1)",
+        ),
+        (
+            "[[group]]\nfull = { grid = { batch-size = [] } }\n",
+            "group 1: [full] grid 'batch-size' must be a non-empty list",
+        ),
+        (
+            '[[group]]\ntiny = { grid = { batch-size = "64" } }\n',
+            "group 1: [tiny] grid 'batch-size' must be a non-empty list",
+        ),
+        (
+            "[[group]]\ntiny = { grid = { batch-size = 64 } }\n",
+            "group 1: [tiny] grid 'batch-size' must be a non-empty list",
+        ),
+        (
+            "[[group]]\nfull = { option = {} }\n",
+            "group 1: [full] has unknown keys ['option']; it takes grid, options",
+        ),
+        (
+            "[defaults]\noption = { epochs = 1 }\n[[group]]\n",
+            "[defaults] has unknown keys ['option']; it takes command, full, options, tiny",
+        ),
+        ("[defaults]\noptions = 1\n[[group]]\n", "[defaults] options must be a table, got an integer (1)"),
+        (
+            "[defaults]\nfull = { option = { epochs = 1 } }\n[[group]]\n",
+            "[defaults.full] has unknown keys ['option']; it takes grid, options",
+        ),
+        (
+            "[defaults]\ntiny = { grid = { batch-size = 16 } }\n[[group]]\n",
+            "[defaults.tiny] grid 'batch-size' must be a non-empty list",
+        ),
+        (
+            "[[group]]\noptions = { model-opt = 5 }\n",
+            "model-opt must be a table, KEY=VALUE or a list of those, got 5",
+        ),
+    ],
+)
+def test_a_table_of_the_wrong_type_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys, text, message):
+    """Each of these raised AttributeError or TypeError from inside load_study: a traceback, exit 1
+    (or a one-line "'int' object is not iterable"); a typo in [defaults] or its scale tables, and a
+    grid in a group's [full] or [tiny], were not checked at all."""
+    (tmp_path / "bad.toml").write_text(HEAD + text)
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    assert main(["study", "bad", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"{message}\n") and err.count("\n") == 1
+
+
 def test_a_group_s_own_options_outrank_the_study_s_full_scale_defaults(tmp_path):
     """000_backbones' DataParallel group set one rank and the full-scale defaults four: its four
     runs at --full planned --world-size 4, and each would have failed on its own."""

@@ -54,6 +54,8 @@ GROUP_KEYS = {
     "note",
     "inherit",
 }
+DEFAULTS_KEYS = {"command", "options", "full", "tiny"}
+SCALE_KEYS = {"options", "grid"}
 UNSET = "unset"  # a model-opt value that removes the option
 TINY_TRAIN = {"steps-per-epoch": 2, "no-eval": True, "replicate": 1}
 TINY_SWEEP = {"minbytes": "64K", "maxbytes": "256K", "stepfactor": 4, "iters": 2, "warmup": 1}
@@ -91,9 +93,7 @@ class Group:
             raise ValueError(
                 f"group {self.label!r}: command must be one of {', '.join(COMMANDS)}, got {self.command!r}"
             )
-        for name, axis in self.grid.items():
-            if not isinstance(axis, list) or not axis:
-                raise ValueError(f"group {self.label!r}: grid {name!r} must be a non-empty list")
+        _grid(self.grid, f"group {self.label!r}: grid")
         for scale in self.scales:
             if scale not in SCALES:
                 raise ValueError(
@@ -141,12 +141,21 @@ def load_study(name: str, directory: Path | None = None) -> Study:
     extra = set(data) - STUDY_KEYS
     if extra:
         raise ValueError(f"{path}: unknown keys {sorted(extra)}")
-    shared = data.get("defaults", {})
+    shared = _check(data.get("defaults", {}), dict, f"{path}: [defaults]")
+    _keys(shared, DEFAULTS_KEYS, f"{path}: [defaults]")
+    _check(shared.get("options", {}), dict, f"{path}: [defaults] options")
+    for scale in ("full", "tiny"):
+        _scale_table(shared.get(scale, {}), f"{path}: [defaults.{scale}]")
     groups = []
-    for i, g in enumerate(data.get("group", []), 1):
+    for i, g in enumerate(_check(data.get("group", []), list, f"{path}: group"), 1):
+        _check(g, dict, f"{path}: group {i}")
         extra = set(g) - GROUP_KEYS
         if extra:
             raise ValueError(f"{path}: group {i} has unknown keys {sorted(extra)}")
+        _check(g.get("options", {}), dict, f"{path}: group {i}: options")
+        _check(g.get("grid", {}), dict, f"{path}: group {i}: grid")
+        for scale in ("full", "tiny"):
+            _scale_table(g.get(scale, {}), f"{path}: group {i}: [{scale}]")
         defaults = shared if g.get("inherit", True) else {}
         groups.append(
             Group(
@@ -176,6 +185,47 @@ def load_study(name: str, directory: Path | None = None) -> Study:
         groups=tuple(groups),
         cluster_rate=data.get("cluster_rate", "1gbit"),
     )
+
+
+_KINDS = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "a table",
+}
+
+
+def _check(value: Any, kind: type, what: str) -> Any:
+    """``value``, where it is a ``kind`` (str, bool, list or dict); ValueError naming ``what``
+    and what it is instead otherwise."""
+    if isinstance(value, kind):
+        return value
+    got = next((name for t, name in _KINDS.items() if isinstance(value, t)), type(value).__name__)
+    shown = f" ({value!r})" if isinstance(value, str | int | float) else ""
+    raise ValueError(f"{what} must be {_KINDS[kind]}, got {got}{shown}")
+
+
+def _keys(table: dict[str, Any], known: set[str], what: str) -> None:
+    extra = set(table) - known
+    if extra:
+        raise ValueError(f"{what} has unknown keys {sorted(extra)}; it takes {', '.join(sorted(known))}")
+
+
+def _grid(grid: dict[str, Any], what: str) -> dict[str, list[Any]]:
+    """``grid``, where every axis is a non-empty list (a string's letters, or nothing, otherwise)."""
+    for name, axis in _check(grid, dict, what).items():
+        if not isinstance(axis, list) or not axis:
+            raise ValueError(f"{what} {name!r} must be a non-empty list")
+    return grid
+
+
+def _scale_table(table: Any, what: str) -> None:
+    """A ``full`` or ``tiny`` table, the study's or a group's: options and a grid."""
+    _keys(_check(table, dict, what), SCALE_KEYS, what)
+    _check(table.get("options", {}), dict, f"{what} options")
+    _grid(table.get("grid", {}), f"{what} grid")
 
 
 def _merge_scale(
@@ -232,7 +282,11 @@ def _model_opts(value: Any) -> dict[str, Any]:
     """model-opt as a dict, from a table, one KEY=VALUE string or a list of them."""
     if isinstance(value, dict):
         return dict(value)
-    items = [value] if isinstance(value, str) else list(value or [])
+    if value is None:
+        return {}
+    if not isinstance(value, str | list):
+        raise ValueError(f"model-opt must be a table, KEY=VALUE or a list of those, got {value!r}")
+    items = [value] if isinstance(value, str) else value
     out = {}
     for item in items:
         key, sep, v = str(item).partition("=")
