@@ -158,6 +158,42 @@ def test_a_table_of_the_wrong_type_is_one_line_not_a_traceback(tmp_path, monkeyp
     assert err.endswith(f"{message}\n") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[[group]]\nnote = 5\n", "group 1: note must be a string, got an integer (5)"),
+        ("[[group]]\nlabel = 1\n", "group 1: label must be a string, got an integer (1)"),
+        ("[[group]]\ncommand = 1\n", "group 1: command must be a string, got an integer (1)"),
+        ('[defaults]\ncommand = ["train"]\n[[group]]\n', "[defaults] command must be a string, got a list"),
+        ('[[group]]\ncluster = "false"\n', "group 1: cluster must be a boolean, got a string ('false')"),
+        ("[[group]]\ntimelines = 1\n", "group 1: timelines must be a boolean, got an integer (1)"),
+        ('[[group]]\ninherit = "no"\n', "group 1: inherit must be a boolean, got a string ('no')"),
+        ('[[group]]\nscales = "full"\n', "group 1: scales must be a list, got a string ('full')"),
+        ("[[group]]\nscales = [1]\n", "group 1: scales must be a list of strings, got 1 in it"),
+        ("cluster_rate = 1\n[[group]]\n", "cluster_rate must be a string, got an integer (1)"),
+        ('metrics = "comm_ms"\n[[group]]\n', "metrics must be a list, got a string ('comm_ms')"),
+        ('plot = [["comm_ms"]]\n[[group]]\n', "plot must be a list of strings, got ['comm_ms'] in it"),
+        (
+            '[[group]]\nlabel = "a"\n[[group]]\nlabel = "a"\n',
+            "study bad: two groups are labelled 'a' (the report gives each group its own table)",
+        ),
+        (
+            'metrics = ["comm_ms"]\nplot = ["step_time_ms"]\n[[group]]\n',
+            "study bad: plot 'step_time_ms' is not in metrics (a plot draws a metric's column)",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_before_any_run(tmp_path, monkeypatch, capsys, text, message):
+    """These passed --dry-run: note = 5 ran every run and then failed the report, cluster = "false"
+    was read as true, a repeated label merged two groups' tables, and a metric plotted but not in
+    metrics drew an empty plot."""
+    (tmp_path / "bad.toml").write_text(HEAD + text)
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    assert main(["study", "bad", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"{message}\n") and err.count("\n") == 1
+
+
 def test_a_group_s_own_options_outrank_the_study_s_full_scale_defaults(tmp_path):
     """000_backbones' DataParallel group set one rank and the full-scale defaults four: its four
     runs at --full planned --world-size 4, and each would have failed on its own."""

@@ -126,6 +126,18 @@ class Study:
         for m in (*self.metrics, *self.plot):
             if m not in METRICS:
                 raise ValueError(f"study {self.name}: unknown metric {m!r}; choose from {', '.join(METRICS)}")
+        for m in self.plot:
+            if m not in self.metrics:
+                raise ValueError(
+                    f"study {self.name}: plot {m!r} is not in metrics (a plot draws a metric's column)"
+                )
+        labels = [g.label for g in self.groups]
+        for label in labels:
+            if labels.count(label) > 1:
+                raise ValueError(
+                    f"study {self.name}: two groups are labelled {label!r} "
+                    "(the report gives each group its own table)"
+                )
 
 
 def load_study(name: str, directory: Path | None = None) -> Study:
@@ -141,8 +153,16 @@ def load_study(name: str, directory: Path | None = None) -> Study:
     extra = set(data) - STUDY_KEYS
     if extra:
         raise ValueError(f"{path}: unknown keys {sorted(extra)}")
+    for key in ("title", "reference", "about"):
+        if key not in data:
+            raise ValueError(f"{path}: {key} (a string) is missing")
+    for key in ("title", "reference", "about", "cluster_rate"):
+        _check(data.get(key, ""), str, f"{path}: {key}")
+    for key in ("metrics", "plot"):
+        _strings(data.get(key, []), f"{path}: {key}")
     shared = _check(data.get("defaults", {}), dict, f"{path}: [defaults]")
     _keys(shared, DEFAULTS_KEYS, f"{path}: [defaults]")
+    _check(shared.get("command", ""), str, f"{path}: [defaults] command")
     _check(shared.get("options", {}), dict, f"{path}: [defaults] options")
     for scale in ("full", "tiny"):
         _scale_table(shared.get(scale, {}), f"{path}: [defaults.{scale}]")
@@ -152,6 +172,11 @@ def load_study(name: str, directory: Path | None = None) -> Study:
         extra = set(g) - GROUP_KEYS
         if extra:
             raise ValueError(f"{path}: group {i} has unknown keys {sorted(extra)}")
+        for key in ("label", "command", "note"):
+            _check(g.get(key, ""), str, f"{path}: group {i}: {key}")
+        for key in ("cluster", "timelines", "inherit"):
+            _check(g.get(key, False), bool, f"{path}: group {i}: {key}")
+        _strings(g.get("scales", []), f"{path}: group {i}: scales")
         _check(g.get("options", {}), dict, f"{path}: group {i}: options")
         _check(g.get("grid", {}), dict, f"{path}: group {i}: grid")
         for scale in ("full", "tiny"):
@@ -166,15 +191,12 @@ def load_study(name: str, directory: Path | None = None) -> Study:
                 # A group's own options outrank the study's full-scale defaults; its [full] outranks both.
                 full=_merge_scale(defaults.get("full", {}), g.get("full", {}), g.get("options", {})),
                 tiny=_merge_scale(defaults.get("tiny", {}), g.get("tiny", {})),
-                cluster=bool(g.get("cluster", False)),
+                cluster=g.get("cluster", False),
                 scales=tuple(g.get("scales", SCALES)),
-                timelines=bool(g.get("timelines", False)),
+                timelines=g.get("timelines", False),
                 note=g.get("note", ""),
             )
         )
-    for key in ("title", "reference", "about"):
-        if not isinstance(data.get(key), str):
-            raise ValueError(f"{path}: {key} (a string) is missing")
     return Study(
         name=name,
         title=data["title"],
@@ -205,6 +227,13 @@ def _check(value: Any, kind: type, what: str) -> Any:
     got = next((name for t, name in _KINDS.items() if isinstance(value, t)), type(value).__name__)
     shown = f" ({value!r})" if isinstance(value, str | int | float) else ""
     raise ValueError(f"{what} must be {_KINDS[kind]}, got {got}{shown}")
+
+
+def _strings(value: Any, what: str) -> list[str]:
+    for item in _check(value, list, what):
+        if not isinstance(item, str):
+            raise ValueError(f"{what} must be a list of strings, got {item!r} in it")
+    return value
 
 
 def _keys(table: dict[str, Any], known: set[str], what: str) -> None:
