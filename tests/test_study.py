@@ -233,6 +233,21 @@ def test_list(capsys):
     assert all(n in out for n in NAMES)
 
 
+def test_list_names_a_study_file_it_cannot_load_and_lists_the_others(tmp_path, monkeypatch, capsys):
+    """One malformed file in studies/ ended --list in a traceback (or a lone error), listing none."""
+    (tmp_path / "a_good.toml").write_text(HEAD + "[[group]]\n")
+    (tmp_path / "b_bad.toml").write_text(HEAD + "defaults = 1\n[[group]]\n")
+    (tmp_path / "c_good.toml").write_text(HEAD + "[[group]]\n")
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    assert main(["study", "--list"]) == 2
+    captured = capsys.readouterr()
+    assert [line.split()[0] for line in captured.out.splitlines()] == ["a_good", "c_good"]
+    assert (
+        captured.err
+        == f"commbench: error: {tmp_path / 'b_bad.toml'}: [defaults] must be a table, got an integer (1)\n"
+    )
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_tiny_run_writes_the_report(name, tmp_path):
     config = study.StudyConfig(name=name, scale="tiny", out_dir=str(tmp_path / name), quiet=True)

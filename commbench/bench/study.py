@@ -1249,10 +1249,15 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``commbench study``: list, plan or run a preset; prints one line per run and where the report is."""
-    if args.list:
+    if args.list:  # every study that loads; one line on stderr for each that does not
+        bad = 0
         for name in known_studies():
-            print(f"{name:<24} {load_study(name).title}")
-        return 0
+            try:
+                print(f"{name:<24} {load_study(name).title}")
+            except ValueError as exc:
+                print(f"commbench: error: {exc}", file=sys.stderr)
+                bad += 1
+        return 2 if bad else 0
     if not args.name:
         raise ValueError(f"give a study name; known: {', '.join(known_studies())}")
     scale = "full" if args.full else "tiny" if args.tiny else os.environ.get(SCALE_ENV, "default")
