@@ -808,3 +808,20 @@ def test_a_stop_while_the_report_draws_a_plot_stops_the_study(tmp_path, monkeypa
     result = study.run_study(config, execute=_summaries())
     assert result.stopped == 128 + signal.SIGTERM and result.report is None
     assert len(result.outcomes) == 2 and _progress_indices(tmp_path / "st") == [1, 2]
+
+
+@pytest.mark.parametrize("flags", [["--dry-run"], ["-q"]])
+def test_a_study_with_no_runs_at_its_scale_is_refused(tmp_path, monkeypatch, capsys, flags):
+    """It printed nothing and exited 0, or wrote an empty report and exited 0."""
+    (tmp_path / "gpu.toml").write_text(HEAD + '[[group]]\nscales = ["full"]\n')
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    monkeypatch.setattr("commbench.bench.cli.main", lambda argv: pytest.fail(f"a run started: {argv}"))
+    args = build_parser().parse_args(["study", "gpu", *flags, "-o", str(tmp_path / "st")])
+    with pytest.raises(
+        ValueError, match=r"^study gpu has no runs at the default scale \(its groups' scales: full\)$"
+    ):
+        study.run(args)
+    assert main(["study", "gpu", "--tiny", *flags, "-o", str(tmp_path / "st")]) == 2
+    err = capsys.readouterr().err
+    assert err == "commbench: error: study gpu has no runs at --tiny (its groups' scales: full)\n"
+    assert not (tmp_path / "st").exists()

@@ -353,7 +353,8 @@ def _shrink(command: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan(study: Study, scale: str, out_dir: str | Path, cluster_ok: bool = True) -> list[Planned]:
-    """Every run of ``study`` at ``scale`` with the command line that makes it."""
+    """Every run of ``study`` at ``scale`` with the command line that makes it; ValueError where
+    no group runs at ``scale``."""
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
     runs_dir = Path(out_dir) / "runs"
@@ -403,6 +404,10 @@ def plan(study: Study, scale: str, out_dir: str | Path, cluster_ok: bool = True)
                     note=note,
                 )
             )
+    if not planned:  # an empty report, and exit 0, would read as a study that ran
+        at = {"full": "--full", "tiny": "--tiny"}.get(scale, "the default scale")
+        scales = [s for s in SCALES if any(s in g.scales for g in study.groups)]
+        raise ValueError(f"study {study.name} has no runs at {at} (its groups' scales: {', '.join(scales)})")
     return planned
 
 
