@@ -825,3 +825,24 @@ def test_a_study_with_no_runs_at_its_scale_is_refused(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert err == "commbench: error: study gpu has no runs at --tiny (its groups' scales: full)\n"
     assert not (tmp_path / "st").exists()
+
+
+def test_a_summary_from_an_older_commbench_shows_what_it_lacks_as_a_dash(tmp_path, monkeypatch):
+    """--resume keeps records that hold only the fields load_run checks; every metric that read a
+    later field by name ended the report in a KeyError traceback."""
+    every = json.dumps([m for m in study.METRICS])
+    (tmp_path / "old.toml").write_text(PLOTTED.replace('metrics = ["step_time_ms"]', f"metrics = {every}"))
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    config = study.StudyConfig(name="old", out_dir=str(tmp_path / "st"), quiet=True)
+    result = study.run_study(config, execute=_summaries())
+    text = result.report.read_text()
+    assert result.stopped is None and "FAILED" not in text
+    section = text[text.index("### sizes") :].splitlines()
+    header, *rows = [line for line in section if line.startswith("| ")][:3]
+    names = [c.strip() for c in header.strip("|").split("|")]
+    assert len(rows) == 2
+    for row in rows:
+        cells = dict(zip(names, (c.strip() for c in row.strip("|").split("|")), strict=True))
+        assert cells["step ms"] == "5.00" and cells["images/s"] == "100"
+        assert cells["forward ms"] == cells["lr"] == cells["1st epoch s"] == cells["epoch s"] == "-"
+        assert cells["gradient MB/pass over the data"] == cells["wire MB/rank/pass over the data"] == "-"

@@ -821,16 +821,18 @@ def _host_rate(run: rp.Run, s: dict[str, Any], key: str, scale: float) -> float 
     return max(h[key] for h in hosts) / (s["step_time_ms"] / 1e3) * scale
 
 
-def _epoch_time(s: dict[str, Any]) -> float:
-    return s["later_epoch_time_s"] if s.get("later_epoch_time_s") is not None else s["first_epoch_time_s"]
+def _epoch_time(s: dict[str, Any]) -> float | None:
+    return s["later_epoch_time_s"] if s.get("later_epoch_time_s") is not None else s.get("first_epoch_time_s")
 
 
-def _whole_pass(summary: dict[str, Any], per_epoch: int) -> float:
+def _whole_pass(summary: dict[str, Any], per_epoch: int | None) -> float | None:
     """MB of ``per_epoch`` bytes (over the epoch's syncs) for a whole pass over the training set:
     samples // global batch syncs, the steps the loader runs (the partial last batch is dropped;
     files written before ``samples`` was recorded: as run)."""
-    syncs, samples = summary["syncs_per_epoch"], summary.get("samples")
-    if not samples or not syncs:
+    syncs, samples = summary.get("syncs_per_epoch"), summary.get("samples")
+    if per_epoch is None:
+        return None
+    if not samples or not syncs or not summary.get("global_batch"):
         return per_epoch / 1e6
     return per_epoch / syncs * (samples // summary["global_batch"]) / 1e6
 
@@ -850,19 +852,19 @@ def _wire_ratio(run: rp.Run, strategy: str) -> float | None:
 Metric = tuple[str, str, Callable[[rp.Run, dict[str, Any]], Any]]
 METRICS: dict[str, tuple[str, str, Callable[[rp.Run, dict[str, Any]], Any]]] = {
     # key: (column header, number format, value from (run, train_summary))
-    "trainable_params": ("trainable params", ",d", lambda r, s: s["trainable_params"]),
-    "step_time_ms": ("step ms", ".2f", lambda r, s: s["step_time_ms"]),
-    "forward_ms": ("forward ms", ".2f", lambda r, s: s["forward_ms"]),
-    "backward_ms": ("backward ms", ".2f", lambda r, s: s["backward_ms"]),
-    "compute_ms": ("compute ms", ".2f", lambda r, s: s["compute_ms"]),
-    "comm_ms": ("comm ms", ".2f", lambda r, s: s["comm_ms"]),
+    "trainable_params": ("trainable params", ",d", lambda r, s: s.get("trainable_params")),
+    "step_time_ms": ("step ms", ".2f", lambda r, s: s.get("step_time_ms")),
+    "forward_ms": ("forward ms", ".2f", lambda r, s: s.get("forward_ms")),
+    "backward_ms": ("backward ms", ".2f", lambda r, s: s.get("backward_ms")),
+    "compute_ms": ("compute ms", ".2f", lambda r, s: s.get("compute_ms")),
+    "comm_ms": ("comm ms", ".2f", lambda r, s: s.get("comm_ms")),
     "exposed_comm_ms": ("exposed comm ms", ".2f", lambda r, s: exposed_comm_ms(s)),
-    "hidden_comm_fraction": ("hidden comm", ".2f", lambda r, s: s["hidden_comm_fraction"]),
-    "images_per_s": ("images/s", ".0f", lambda r, s: s["images_per_s"]),
+    "hidden_comm_fraction": ("hidden comm", ".2f", lambda r, s: s.get("hidden_comm_fraction")),
+    "images_per_s": ("images/s", ".0f", lambda r, s: s.get("images_per_s")),
     "epoch_time_s": ("epoch s", ".3f", lambda r, s: _epoch_time(s)),
     "speedup": ("speedup vs 1 rank", ".2f", lambda r, s: None),  # filled in per group
-    "first_epoch_time_s": ("1st epoch s", ".3f", lambda r, s: s["first_epoch_time_s"]),
-    "later_epoch_time_s": ("2nd+ epoch s", ".3f", lambda r, s: s["later_epoch_time_s"]),
+    "first_epoch_time_s": ("1st epoch s", ".3f", lambda r, s: s.get("first_epoch_time_s")),
+    "later_epoch_time_s": ("2nd+ epoch s", ".3f", lambda r, s: s.get("later_epoch_time_s")),
     "first_epoch_images_per_s": (
         "1st epoch images/s",
         ".0f",
@@ -873,23 +875,23 @@ METRICS: dict[str, tuple[str, str, Callable[[rp.Run, dict[str, Any]], Any]]] = {
         ".0f",
         lambda r, s: (_later(r, s["strategy"], 2) or {}).get("images_per_s"),
     ),
-    "final_loss": ("final loss", ".3f", lambda r, s: s["final_loss"]),
-    "final_accuracy": ("accuracy", ".3f", lambda r, s: s["final_accuracy"]),
-    "lr": ("lr", ".4g", lambda r, s: s["lr"]),
-    "epochs_to_threshold": ("epochs to loss threshold", "d", lambda r, s: s["epochs_to_threshold"]),
+    "final_loss": ("final loss", ".3f", lambda r, s: s.get("final_loss")),
+    "final_accuracy": ("accuracy", ".3f", lambda r, s: s.get("final_accuracy")),
+    "lr": ("lr", ".4g", lambda r, s: s.get("lr")),
+    "epochs_to_threshold": ("epochs to loss threshold", "d", lambda r, s: s.get("epochs_to_threshold")),
     # Per whole pass over the training set, as the studies count them: runs capped at a few steps
     # an epoch (--steps-per-epoch) would otherwise show the same bytes at every batch size and rank count.
     "grad_mb_per_epoch": (
         "gradient MB/pass over the data",
         ".2f",
-        lambda r, s: _whole_pass(s, s["grad_bytes_per_epoch"]),
+        lambda r, s: _whole_pass(s, s.get("grad_bytes_per_epoch")),
     ),
     "wire_mb_per_rank_per_epoch": (
         "wire MB/rank/pass over the data",
         ".2f",
         lambda r, s: (
             _whole_pass(s, max(s["wire_bytes_per_rank_per_epoch"]))
-            if s["wire_bytes_per_rank_per_epoch"]
+            if s.get("wire_bytes_per_rank_per_epoch")
             else None
         ),
     ),
@@ -937,8 +939,11 @@ def _speedups(rows: list[dict[str, Any]]) -> None:
             ),
             None,
         )
-        if base is not None and _epoch_time(row["summary"]) > 0:
-            row["values"]["speedup"] = _epoch_time(base["summary"]) / _epoch_time(row["summary"])
+        if base is None:
+            continue
+        here, one = _epoch_time(row["summary"]), _epoch_time(base["summary"])
+        if here is not None and here > 0 and one is not None:
+            row["values"]["speedup"] = one / here
 
 
 def _group_blocks(
