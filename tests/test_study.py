@@ -846,3 +846,23 @@ def test_a_summary_from_an_older_commbench_shows_what_it_lacks_as_a_dash(tmp_pat
         assert cells["step ms"] == "5.00" and cells["images/s"] == "100"
         assert cells["forward ms"] == cells["lr"] == cells["1st epoch s"] == cells["epoch s"] == "-"
         assert cells["gradient MB/pass over the data"] == cells["wire MB/rank/pass over the data"] == "-"
+
+
+def test_a_partial_report_counts_a_failed_run_as_one_resume_runs_again(tmp_path, monkeypatch, capsys):
+    """It said "3 of 11 runs done ... --resume runs the other 8" where one of the 3 had failed, and
+    stderr said 2 finished: --resume ran 9."""
+    argv = ["study", "000_backbones", "-q", "-o", str(tmp_path / "st")]
+    _, execute = _writing({2: 1, 4: 130})
+    monkeypatch.setattr("commbench.bench.cli.main", execute)
+    assert study.run(build_parser().parse_args(argv)) == 130
+    total = len(study.plan(study.load_study("000_backbones"), "default", tmp_path / "st"))
+    assert f"stopped with 2 of {total} run(s) finished" in capsys.readouterr().err
+    text = (tmp_path / "st" / "report.md").read_text()
+    assert (
+        f"with 2 of {total} runs done and 1 failed. `commbench study 000_backbones -o {tmp_path / 'st'} "
+        f"--resume` runs the other {total - 2} (the failed one again) and keeps the 2 done." in text
+    )
+    started, execute = _writing({})
+    monkeypatch.setattr("commbench.bench.cli.main", execute)
+    assert study.run(build_parser().parse_args([*argv, "--resume"])) == 0
+    assert len(started) == total - 2

@@ -1131,11 +1131,14 @@ def write_study_report(
     ]
     if stopped is not None:
         name = signal.Signals(stopped - 128).name if stopped - 128 in signals.STOPS else f"exit {stopped}"
+        done = sum(o.returncode == 0 for o in outcomes)  # --resume keeps these alone
+        failed = len(outcomes) - done
+        rerun = {0: "", 1: " (the failed one again)"}.get(failed, f" (the {failed} failed again)")
         blocks.append(
             rp.Para(
-                text=f"PARTIAL: the study was stopped ({name}) with {len(outcomes)} of "
-                f"{len(outcomes) + len(unrun)} runs done. `{again} --resume` runs the other "
-                f"{len(unrun)} and keeps these."
+                text=f"PARTIAL: the study was stopped ({name}) with {done} of {len(outcomes) + len(unrun)} "
+                "runs done" + (f" and {failed} failed" if failed else "") + f". `{again} --resume` runs "
+                f"the other {failed + len(unrun)}{rerun} and keeps the {done} done."
             )
         )
     resumed = sum(o.resumed for o in outcomes)
