@@ -866,3 +866,19 @@ def test_a_partial_report_counts_a_failed_run_as_one_resume_runs_again(tmp_path,
     monkeypatch.setattr("commbench.bench.cli.main", execute)
     assert study.run(build_parser().parse_args([*argv, "--resume"])) == 0
     assert len(started) == total - 2
+
+
+def test_only_a_cluster_group_s_runs_say_they_ran_on_local_ranks(tmp_path, monkeypatch):
+    """Where no emulated cluster could be built, every run of the study got the note."""
+    (tmp_path / "mixed.toml").write_text(
+        PLOTTED + '[[group]]\nlabel = "hosts"\ncluster = true\ngrid = { world-size = [2] }\n'
+    )
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    monkeypatch.setattr(study, "cluster_available", lambda: "no privileges here")
+    config = study.StudyConfig(name="mixed", out_dir=str(tmp_path / "st"), quiet=True)
+    result = study.run_study(config, execute=_summaries())
+    assert [(o.planned.group, o.note) for o in result.outcomes] == [
+        ("sizes", ""),
+        ("sizes", ""),
+        ("hosts", "local ranks: no privileges here"),
+    ]

@@ -549,6 +549,7 @@ def run_study(
     out = config.directory
     why_not = cluster_available() if any(g.cluster for g in study.groups) and config.scale != "tiny" else None
     planned = plan(study, config.scale, out, cluster_ok=why_not is None)
+    clustered = {g.label for g in study.groups if g.cluster}
     check_cuda(validate(planned), len(planned), config.scale)
     done = _finished(out, planned) if config.resume else {}
     try:
@@ -579,7 +580,7 @@ def run_study(
                 if on_run is not None:
                     on_run(p, len(planned))
                 argv = list(p.argv) + (["-q"] if config.quiet else [])  # a cluster's: its command's, last
-                note = p.note if not why_not else f"local ranks: {why_not}"
+                note = f"local ranks: {why_not}" if why_not and p.group in clustered else p.note
                 start = time.perf_counter()
                 earlier = _stamp(Path(p.json_path))
                 code, error = _run_one(arm, execute, argv)
