@@ -882,3 +882,20 @@ def test_only_a_cluster_group_s_runs_say_they_ran_on_local_ranks(tmp_path, monke
         ("sizes", ""),
         ("hosts", "local ranks: no privileges here"),
     ]
+
+
+def test_a_group_s_own_options_and_grid_outrank_a_grid_in_the_study_s_full_scale_defaults(tmp_path):
+    """As the module says of options: a batch-size grid in [defaults.full] replaced the one batch
+    size a group set itself, and its own grid over batch sizes too."""
+    text = SCALED.replace(
+        "full = { options = { world-size = 4, samples = 512 } }",
+        "full = { options = { world-size = 4, samples = 512 }, grid = { batch-size = [64, 128] } }",
+    ).replace(
+        'strategies = "none", world-size = 1 }\ngrid = { batch-size = [16] }',
+        'strategies = "none", world-size = 1, batch-size = 8 }',
+    )
+    text += '[[group]]\nlabel = "defaults"\n'
+    (tmp_path / "scaled.toml").write_text(text)
+    runs = study.plan(study.load_study("scaled", tmp_path), "full", tmp_path / "out")
+    sizes = [(r.group, r.argv[r.argv.index("--batch-size") + 1]) for r in runs]
+    assert sizes == [("one process", "8"), ("ranks", "16"), ("defaults", "64"), ("defaults", "128")]

@@ -5,7 +5,7 @@ and ``[[group]]`` tables; each group is one commbench command (sweep, train or c
 ``options`` (command-line flags without the dashes) and a ``grid`` (flag -> list of values) whose
 product gives the group's runs. ``[group.full]`` / ``[group.tiny]`` change options and grid at
 ``--full`` (the study's original sizes, for GPU clusters) and ``--tiny`` (a smoke test) scale.
-At ``--full`` a group's own options outrank the study's ``[defaults.full]`` and its own
+At ``--full`` a group's own options and grid outrank the study's ``[defaults.full]`` and its own
 ``[group.full]`` outranks both; at ``--tiny`` the study's ``[defaults.tiny]`` shrinks every
 group's options, and ``[group.tiny]`` comes last.
 Groups with ``cluster = true`` run under ``commbench cluster`` (one host per rank) where it can be
@@ -188,8 +188,9 @@ def load_study(name: str, directory: Path | None = None) -> Study:
                 command=g.get("command", defaults.get("command", "compare")),
                 options=_apply(_apply({}, defaults.get("options", {})), g.get("options", {})),
                 grid=g.get("grid", {}),
-                # A group's own options outrank the study's full-scale defaults; its [full] outranks both.
-                full=_merge_scale(defaults.get("full", {}), g.get("full", {}), g.get("options", {})),
+                # A group's own options and grid outrank the study's full-scale defaults;
+                # its [full] outranks both.
+                full=_merge_scale(defaults.get("full", {}), g.get("full", {}), g),
                 tiny=_merge_scale(defaults.get("tiny", {}), g.get("tiny", {})),
                 cluster=g.get("cluster", False),
                 scales=tuple(g.get("scales", SCALES)),
@@ -258,13 +259,19 @@ def _scale_table(table: Any, what: str) -> None:
 
 
 def _merge_scale(
-    base: dict[str, Any], own: dict[str, Any], between: dict[str, Any] | None = None
+    base: dict[str, Any], own: dict[str, Any], group: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """A scale's table: the study's defaults for it, then ``between`` (the group's own options,
-    where those outrank the defaults), then the group's own table for it."""
+    """A scale's table: the study's defaults for it, then the ``group``'s own options and grid
+    (where those outrank the defaults: a defaults' grid axis that the group sets itself is left
+    out), then the group's own table for it."""
+    between = (group or {}).get("options", {})
+    mine = {*between, *(group or {}).get("grid", {})}
     return {
-        "options": _apply(_apply(_apply({}, base.get("options", {})), between or {}), own.get("options", {})),
-        "grid": {**base.get("grid", {}), **own.get("grid", {})},
+        "options": _apply(_apply(_apply({}, base.get("options", {})), between), own.get("options", {})),
+        "grid": {
+            **{k: v for k, v in base.get("grid", {}).items() if k not in mine},
+            **own.get("grid", {}),
+        },
         **{k: v for k, v in own.items() if k not in ("options", "grid")},
     }
 
