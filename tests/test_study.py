@@ -899,3 +899,18 @@ def test_a_group_s_own_options_and_grid_outrank_a_grid_in_the_study_s_full_scale
     runs = study.plan(study.load_study("scaled", tmp_path), "full", tmp_path / "out")
     sizes = [(r.group, r.argv[r.argv.index("--batch-size") + 1]) for r in runs]
     assert sizes == [("one process", "8"), ("ranks", "16"), ("defaults", "64"), ("defaults", "128")]
+
+
+def test_a_tiny_run_is_labelled_with_what_it_ran(tmp_path):
+    """The grid's batch size 64 ran as --batch-size 16 at --tiny, and its report row said 64."""
+    (tmp_path / "big.toml").write_text(PLOTTED.replace("[16, 32]", "[64, 128]"))
+    (run,) = study.plan(study.load_study("big", tmp_path), "tiny", tmp_path / "out")
+    assert run.argv[run.argv.index("--batch-size") + 1] == "16" and run.point == (("batch-size", 16),)
+    (default, _) = study.plan(study.load_study("big", tmp_path), "default", tmp_path / "out")
+    assert default.point == (("batch-size", 64),)
+    wide = PLOTTED.replace("batch-size = [16, 32]", "model-opt = [{ widths = 512 }]")
+    (tmp_path / "wide.toml").write_text(
+        wide.replace("[[group]]", "tiny = { options = { model-opt = { widths = 8 } } }\n[[group]]")
+    )
+    (run,) = study.plan(study.load_study("wide", tmp_path), "tiny", tmp_path / "out")
+    assert "widths=8" in run.argv and run.point == (("model-opt", {"widths": 8}),)

@@ -359,6 +359,16 @@ def _shrink(command: str, options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _as_run(key: str, value: Any, options: dict[str, Any]) -> Any:
+    """A grid point's ``value`` for ``key`` as the run's ``options`` have it; for model-opt, the
+    point's own keys."""
+    if key not in options:
+        return value
+    if key == "model-opt":
+        return {k: options[key].get(k, UNSET) for k in _model_opts(value)}
+    return options[key]
+
+
 def plan(study: Study, scale: str, out_dir: str | Path, cluster_ok: bool = True) -> list[Planned]:
     """Every run of ``study`` at ``scale`` with the command line that makes it; ValueError where
     no group runs at ``scale``."""
@@ -382,8 +392,9 @@ def plan(study: Study, scale: str, out_dir: str | Path, cluster_ok: bool = True)
         for values in itertools.product(*(grid[k] for k in keys)):
             point = tuple(zip(keys, values, strict=True))
             run_options = _apply(options, dict(point))
-            if scale == "tiny":
+            if scale == "tiny":  # shrunk: the point says what runs (grid batch size 64 runs as 16)
                 run_options = _apply(_shrink(group.command, run_options), group.tiny.get("options", {}))
+                point = tuple((k, _as_run(k, v, run_options)) for k, v in point)
             index = len(planned) + 1
             json_path = str(runs_dir / f"{index:02d}-{rp._slug(group.label)}.jsonl")
             local = [group.command, *_flags(run_options), "--json", json_path]
