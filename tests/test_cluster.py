@@ -125,6 +125,29 @@ def test_stale_and_owned_namespaces():
     assert netns.owned(names, 20) == ["commbench-20-h0"]
 
 
+def test_destroy_kills_a_process_forked_after_the_namespace_was_listed(monkeypatch):
+    """The kill came once, from the first listing: a process forked after it lived on, and the
+    namespace was deleted under it after 5 s."""
+    first = subprocess.Popen(["sleep", "60"])
+    late: list[subprocess.Popen] = []
+
+    def pids_in(name: str) -> list[int]:
+        if not late:  # the first listing; the process it names forks right after
+            late.append(subprocess.Popen(["sleep", "60"]))
+            return [first.pid]
+        return [p.pid for p in (first, *late) if p.poll() is None]
+
+    monkeypatch.setattr(netns, "pids_in", pids_in)
+    monkeypatch.setattr(netns, "_run", lambda cmd, check=True: subprocess.CompletedProcess(cmd, 0, "", ""))
+    try:
+        assert netns.destroy(["commbench-1-h0"]) == []
+        assert late[0].wait(timeout=10) == -signal.SIGKILL
+    finally:
+        for p in (first, *late):
+            p.kill()
+            p.wait()
+
+
 def test_missing_privilege_is_reported_in_one_line():
     have = {"ip": "/sbin/ip", "tc": "/sbin/tc"}.get
     assert netns.missing_privilege(euid=0, cap_eff=0, which=have) is None

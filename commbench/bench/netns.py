@@ -273,16 +273,17 @@ def pids_in(namespace: str) -> list[int]:
 def destroy(names: Iterable[str]) -> list[str]:
     """Kill every process inside ``names``, then delete them (with their interfaces and qdiscs).
 
-    Returns the namespaces that could not be deleted (normally none)."""
+    The kill is repeated until none is left (or 5 s have passed): a process forked after a listing
+    was not killed, and lived on after its namespace was deleted. Returns the namespaces that could
+    not be deleted (normally none)."""
     names = list(names)
-    for name in names:
-        for pid in pids_in(name):
+    deadline = time.monotonic() + 5.0
+    while (pids := [pid for name in names for pid in pids_in(name)]) and time.monotonic() < deadline:
+        for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    deadline = time.monotonic() + 5.0
-    while any(pids_in(n) for n in names) and time.monotonic() < deadline:
         time.sleep(0.05)
     failed = []
     for name in names:
