@@ -383,9 +383,43 @@ def _root_state() -> tuple[set[str], set[str]]:
 def _assert_clean(owner: int, before: tuple[set[str], set[str]]) -> None:
     assert _ours(owner) == [], "namespaces left behind"
     assert _root_state() == before, "interfaces or qdiscs changed outside the namespaces"
-    tag = f"commbench-{owner}"
-    left = [p.pid for p in psutil.process_iter(["cmdline"]) if tag in " ".join(p.info["cmdline"] or [])]
+    left = _processes_of(owner)
     assert left == [], f"processes of the run still alive: {left}"
+
+
+def _processes_of(owner: int) -> list[int]:
+    """The live processes of the run of ``owner``: the hosts' launchers, whose command line names
+    the rendezvous (commbench-<owner>), and their ranks, whose environment does (the launcher sets
+    TORCHELASTIC_RUN_ID); a rank's command line names nothing of the run."""
+    tag = re.compile(rf"\bcommbench-{owner}(?!\d)")
+    out = []
+    for p in psutil.process_iter(["cmdline", "environ", "status"]):
+        if p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        run_id = (p.info["environ"] or {}).get("TORCHELASTIC_RUN_ID", "")
+        if tag.search(" ".join(p.info["cmdline"] or [])) or tag.fullmatch(run_id):
+            out.append(p.pid)
+    return out
+
+
+def test_a_rank_left_behind_is_seen():
+    """The check looked for commbench-<owner> in command lines, which only the hosts' launchers
+    carry: a rank outliving its namespace (python -m commbench sweep ...) passed it."""
+    owner = 999_999_999  # above any pid: no run's
+    env = {**os.environ, "TORCHELASTIC_RUN_ID": f"commbench-{owner}"}
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "sweep"], env=env)
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"commbench-{owner}"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"commbench-{owner}0"])
+    try:
+        deadline = time.monotonic() + 30  # until the children have exec'd
+        while sorted(_processes_of(owner)) != sorted((rank.pid, agent.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(_processes_of(owner)) == sorted((rank.pid, agent.pid))
+    finally:
+        for p in (rank, agent, other):
+            p.kill()
+            p.wait()
+    assert _processes_of(owner) == []
 
 
 @needs_privileges
