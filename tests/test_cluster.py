@@ -148,6 +148,18 @@ def test_destroy_kills_a_process_forked_after_the_namespace_was_listed(monkeypat
             p.wait()
 
 
+def test_stale_scratch_directories_are_those_of_dead_owners(tmp_path):
+    """A run killed by SIGKILL left its scratch directory; the next run removes it, as it removes
+    the namespaces, when the pid in its name is gone."""
+    for name in ("commbench-cluster-10-ab", "commbench-cluster-20-cd", "commbench-cluster-ef", "other-10-x"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "commbench-cluster-11-file").write_text("")
+    (tmp_path / "commbench-cluster-12-link").symlink_to(tmp_path / "other-10-x")
+    found = cluster.stale_scratch(tmp_path, alive=lambda pid: pid == 20)
+    assert found == [tmp_path / "commbench-cluster-10-ab"]
+    assert cluster.stale_scratch(tmp_path / "missing", alive=lambda pid: False) == []
+
+
 def test_missing_privilege_is_reported_in_one_line():
     have = {"ip": "/sbin/ip", "tc": "/sbin/tc"}.get
     assert netns.missing_privilege(euid=0, cap_eff=0, which=have) is None
@@ -525,6 +537,36 @@ def test_killed_rank_fails_the_run_by_name_and_cleans_up():
     assert proc.returncode == 1
     assert "rank 1 failed: killed by SIGKILL" in err, err[-2000:]
     _assert_clean(proc.pid, before)
+
+
+@needs_privileges
+def test_a_killed_cluster_command_stops_its_hosts_and_the_next_run_removes_its_directory(
+    tmp_path, monkeypatch, capfd
+):
+    """SIGKILL to the cluster command left its hosts' launchers and ranks running to the end of
+    their sweep, and its scratch directory, which no later run removed."""
+    before = _root_state()
+    proc = _start(2, "-q", env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        _rank_process(proc.pid, 1)
+        proc.kill()
+        proc.wait(timeout=30)  # reaped: a zombie's pid is alive to the next run
+        deadline = time.monotonic() + 60
+        while _processes_of(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_of(proc.pid) == [], "the hosts ran on after the cluster command was killed"
+        (left,) = tmp_path.iterdir()
+        assert left.name.startswith(f"commbench-cluster-{proc.pid}-")
+    finally:
+        proc.kill()
+        netns.destroy(_ours(proc.pid))  # where the test failed
+        proc.communicate(timeout=30)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    argv = ["cluster", "--hosts", "1", "--", "sweep", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0"]
+    assert cli.main([*argv, "--no-limit", "--no-probe", "-q"]) == 0, capfd.readouterr().err[-2000:]
+    assert list(tmp_path.iterdir()) == [], "the killed run's directory was not removed"
+    _assert_clean(proc.pid, before)
+    _assert_clean(os.getpid(), before)
 
 
 @needs_privileges

@@ -15,7 +15,9 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -44,6 +46,8 @@ LAUNCHER_VARS = (
 NOT_BUILT = 3  # the exit code when the cluster could not be built (an ip or tc step failed): nothing ran
 STOP_GRACE_S = 5.0  # how long torchrun agents get to stop their ranks before everything is killed
 FAILURE_GRACE_S = 1.0  # after a first failure, how long to wait for others (to tell cause from effect)
+SCRATCH_PREFIX = "commbench-cluster-"  # then the owner's pid and '-', as its namespaces are named
+_SCRATCH = re.compile(rf"^{SCRATCH_PREFIX}(\d+)-")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,7 +182,7 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
     # while the cluster stands): the directory was left behind by one that came outside them.
     with (
         signals.handled(signals.STOPS, on_signal),
-        tempfile.TemporaryDirectory(prefix="commbench-cluster-") as work,
+        tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as work,
     ):
         json_path = getattr(inner, "json", None)
         argv = list(config.inner)
@@ -291,6 +295,26 @@ def host_command(topo: Topology, i: int, argv: Sequence[str], join_timeout_s: fl
     ]
 
 
+# argv: the parent's pid, then a command. Asks the kernel for SIGTERM when the thread that started
+# this process ends (PR_SET_PDEATHSIG, 1), then becomes the command: the request outlives exec.
+_PARENT_DEATH = (
+    "import ctypes, os, signal, sys\n"
+    "if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM):\n"
+    "    sys.exit(f'prctl(PR_SET_PDEATHSIG): {os.strerror(ctypes.get_errno())}')\n"
+    "if os.getppid() != int(sys.argv[1]):\n"  # the parent ended before the request
+    "    sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def ending_with_this_process(cmd: Sequence[str]) -> list[str]:
+    """``cmd``, started so that it gets SIGTERM when the thread that starts it ends: a cluster
+    command killed by SIGKILL left its hosts' launchers and ranks running to the end of their
+    command. Through an exec rather than a ``preexec_fn``, which can deadlock in a process
+    with threads."""
+    return [sys.executable, "-I", "-S", "-c", _PARENT_DEATH, str(os.getpid()), *cmd]
+
+
 def run_hosts(config: ClusterConfig, argv: Sequence[str], work: Path) -> dict[int, tuple[int, int]]:
     """Build the cluster, run ``argv`` on every host, remove the cluster.
 
@@ -308,6 +332,8 @@ def run_hosts(config: ClusterConfig, argv: Sequence[str], work: Path) -> dict[in
     leftover = netns.destroy(netns.stale(netns.namespaces(), psutil.pid_exists))
     if leftover:
         raise netns.ClusterError(f"cannot remove namespaces of an earlier run: {', '.join(leftover)}")
+    for path in stale_scratch(work.parent, psutil.pid_exists):  # its ranks went with its namespaces
+        shutil.rmtree(path, ignore_errors=True)
 
     def on_signal(signum: int, frame: Any) -> None:
         for s in signals.STOPS:  # one is enough; a second must not cut the cleanup
@@ -327,12 +353,13 @@ def run_hosts(config: ClusterConfig, argv: Sequence[str], work: Path) -> dict[in
                 with open(logs[i], "w") as log:
                     procs.append(
                         subprocess.Popen(
-                            host_command(topo, i, argv, config.join_timeout_s),
+                            ending_with_this_process(host_command(topo, i, argv, config.join_timeout_s)),
                             env={**host_env(dict(os.environ), topo, i, config.shaping), "TMPDIR": str(work)},
                             stdin=subprocess.DEVNULL,
                             stdout=None if i == 0 else log,
                             stderr=log,
                             start_new_session=True,  # our signals are ours; the hosts are stopped by us
+                            # (and stop when this process is killed: ending_with_this_process)
                         )
                     )
             _wait(procs, logs)
@@ -346,6 +373,27 @@ def run_hosts(config: ClusterConfig, argv: Sequence[str], work: Path) -> dict[in
             left = netns.destroy(netns.owned(netns.namespaces(), topo.owner))
             if left:
                 print(f"commbench: could not remove {', '.join(left)}", file=sys.stderr)
+
+
+def stale_scratch(directory: Path, alive: Callable[[int], bool]) -> list[Path]:
+    """Scratch directories in ``directory`` of earlier runs whose owner process is gone: a killed
+    run (SIGKILL) left its directory, which nothing removed. Only this user's, never a link."""
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []
+    out = []
+    for path in entries:
+        m = _SCRATCH.match(path.name)
+        if not m or alive(int(m.group(1))):
+            continue
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            out.append(path)
+    return sorted(out)
 
 
 def _wait(procs: Sequence[subprocess.Popen], logs: Sequence[Path]) -> None:
