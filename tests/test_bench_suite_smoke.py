@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,3 +40,47 @@ def test_benchmark_suite_smoke():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "failed" not in out.stdout.splitlines()[-1]
     assert "passed" in out.stdout.splitlines()[-1]
+
+
+def test_a_failed_benchmark_leaves_the_next_one_running(tmp_path):
+    """Rank 0 failing between calls once left the other ranks repeating that benchmark, and the next
+    one met its calls (a hang, then "Connection closed by peer"; in gloo, an abort of the pytest
+    process). A failure inside a call, where the others may be in it still, ends the world: the
+    benchmarks after it are skipped, saying why. Each file starts its own world."""
+    report = tmp_path / "report.xml"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/bench_suite/failing_scenarios.py",
+            "tests/bench_suite/failing_out_of_step.py",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COMMBENCH_BENCH_SMOKE": "1"},
+    )
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]  # tests failed; nothing aborted
+    outcomes = {}
+    for case in ET.parse(report).iter("testcase"):
+        found = [child for child in case if child.tag in ("failure", "error", "skipped")]
+        outcomes[case.get("name")] = (
+            (found[0].tag, found[0].get("message") + (found[0].text or "")) if found else ("passed", None)
+        )
+    assert outcomes["test_fails_between_calls"][0] == "failure"
+    assert outcomes["test_runs_after_a_failure_between_calls"] == ("passed", None), out.stdout[-3000:]
+    assert outcomes["test_fails_inside_a_call"][0] == "failure"
+    kind, message = outcomes["test_skipped_after_a_failure_inside_a_call"]
+    assert kind == "skipped", out.stdout[-3000:]
+    assert "failed inside a call: RuntimeError: injected" in message, message
+    # "done" lost: rank 0 asks for the next benchmark while the others repeat the last; they stop
+    assert outcomes["test_done_is_lost"] == ("passed", None)
+    kind, message = outcomes["test_the_next_benchmark_fails"]
+    assert kind == "failure" and "repeats benchmark 1, but rank 0 asks for benchmark 2" in message, message
+    assert outcomes["test_skipped_after_it"][0] == "skipped"

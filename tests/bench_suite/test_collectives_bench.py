@@ -37,7 +37,6 @@ CASES = [
 def test_collective(benchmark, bench_world, collective, algorithm, root, size_bytes):
     spec = SPECS[collective]
     b = make(collective, size_bytes, "float32", 0, WORLD, root)
-    bench_world.announce(collective, algorithm, size_bytes, "float32", root)
     announced = False  # whether the other ranks were told of the next call
 
     def setup() -> None:
@@ -52,12 +51,14 @@ def test_collective(benchmark, bench_world, collective, algorithm, root, size_by
             bench_world.one_more()
         announced = False
         spec.run(b, algorithm, "sum", root, None, bench_world.workspace)
+        bench_world.returned()
 
     benchmark.group = f"{collective} {size_bytes >> 10}K"
-    benchmark.pedantic(call, setup=setup, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
-    setup()
-    call()  # the call every rank checks: rank 0 here, the others in results()
-    wrong = {0: spec.wrong(b, "sum", 0, WORLD, root), **bench_world.results()}
+    with bench_world.benchmark(collective, algorithm, size_bytes, "float32", root):
+        benchmark.pedantic(call, setup=setup, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
+        setup()
+        call()  # the call every rank checks: rank 0 here, the others in results()
+        wrong = {0: spec.wrong(b, "sum", 0, WORLD, root), **bench_world.results()}
     assert wrong == dict.fromkeys(range(WORLD), 0), f"wrong elements on each rank: {wrong}"
     nbytes = (
         b.output.numel() * b.output.element_size()
@@ -75,9 +76,10 @@ def test_a_wrong_result_on_another_rank_is_seen(bench_world):
     wrong, which rank 0 must hear of."""
     size_bytes = 4096
     b = make("sendrecv", size_bytes, "float32", 0, WORLD)
-    bench_world.announce("sendrecv", "p2p", size_bytes, "float32", 0)
-    bench_world.one_more()
-    b.input.zero_()
-    SPECS["sendrecv"].run(b, "p2p", "sum", 0, None, bench_world.workspace)
-    assert SPECS["sendrecv"].wrong(b, "sum", 0, WORLD, 0) == 0
-    assert bench_world.results()[1] == size_bytes // 4
+    with bench_world.benchmark("sendrecv", "p2p", size_bytes, "float32", 0):
+        bench_world.one_more()
+        b.input.zero_()
+        SPECS["sendrecv"].run(b, "p2p", "sum", 0, None, bench_world.workspace)
+        bench_world.returned()
+        assert SPECS["sendrecv"].wrong(b, "sum", 0, WORLD, 0) == 0
+        assert bench_world.results()[1] == size_bytes // 4

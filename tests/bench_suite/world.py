@@ -4,29 +4,41 @@ The other ranks are started by the elastic launcher, leave the group it made the
 this one through a TCPStore that the pytest process owns. Before each benchmark, rank 0 tells
 them which call to repeat. They follow rank 0 call by call rather than count calls, since
 pytest-benchmark makes more with some options (``--benchmark-cprofile``): before each call rank 0
-broadcasts "one more", then all meet at a barrier, both outside the timed region; at the end it
-broadcasts "done", and each rank checks its own last result and puts its count of wrong elements
-in the store for rank 0 to assert on.
+broadcasts the benchmark's number ("one more"), then all meet at a barrier, both outside the timed
+region; at the end it broadcasts "done", and each rank checks its own last result and puts its
+count of wrong elements in the store for rank 0 to assert on.
+
+A benchmark that fails on rank 0 must not leave the others repeating its call: the next
+benchmark's calls would meet the old one's (a hang, "Connection closed by peer", or gloo aborting
+the pytest process on a message longer than the one it waits for). :meth:`BenchWorld.benchmark`
+says "done" however its body ends, a rank told to repeat another benchmark than its own stops,
+and a failure inside a call, where the others may still be in it, ends the world: later
+benchmarks are skipped, saying why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from commbench import comm
 from commbench.bench import launch
 from commbench.bench.collectives import SPECS, Buffers
+from commbench.bench.records import first_line
 from commbench.comm.ops import parse_dtype
 
 PREFIX = "bench"
 RESULT_TIMEOUT = timedelta(seconds=120)  # as the group's: a helper's check is far shorter
-MORE, DONE = 1, 0  # what rank 0 broadcasts before each call and after the last
+HELPERS_STOP_S = 30.0  # how long a broken world waits for the other ranks to end, to say why they did
+DONE = 0  # what rank 0 broadcasts after a benchmark's last call; before each call, its number (1, 2, ...)
 
 
 def make(collective: str, size_bytes: int, dtype: str, rank: int, world: int, root: int = 0) -> Buffers:
@@ -38,7 +50,8 @@ def make(collective: str, size_bytes: int, dtype: str, rank: int, world: int, ro
 
 
 def _next(word: int = DONE) -> int:
-    """Rank 0's word to the others, MORE or DONE: rank 0 passes it, the others get it back."""
+    """Rank 0's word to the others, a benchmark's number or DONE: rank 0 passes it, the others get
+    it back."""
     t = torch.tensor([word], dtype=torch.int64)
     dist.broadcast(t, 0)
     return int(t.item())
@@ -62,7 +75,11 @@ def _helper(host: str, port: int, world: int) -> None:
         collective, algorithm, size_bytes, dtype, root = cmd
         spec = SPECS[collective]
         b = make(collective, size_bytes, dtype, rank, world, root)
-        while _next() == MORE:
+        while (word := _next()) != DONE:
+            if word != i + 1:
+                raise RuntimeError(
+                    f"rank {rank} repeats benchmark {i + 1}, but rank 0 asks for benchmark {word}"
+                )
             b.input.copy_(b.reference)
             dist.barrier()
             spec.run(b, algorithm, "sum", root, None, workspace)
@@ -77,7 +94,10 @@ class BenchWorld:
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=600)
         )
         self.error: BaseException | None = None
-        self.i = 0
+        self.broken: str | None = None  # why no more benchmarks can run, once that is so
+        self.i = 0  # the number of the benchmark announced last
+        self._open = False  # the others repeat the benchmark announced last, not yet told "done"
+        self._calling = False  # rank 0 is between one_more and the end of its call
         self.threads = torch.get_num_threads()
         torch.set_num_threads(1)  # one rank a core, as the launcher sets up the other ranks
         spec = launch.LaunchSpec(world_size=size - 1, timeout_s=120)
@@ -99,27 +119,74 @@ class BenchWorld:
         )
         self.workspace = comm.Workspace()
 
-    def announce(self, collective: str, algorithm: str, size_bytes: int, dtype: str, root: int) -> None:
-        """The call the other ranks repeat until :meth:`results`."""
-        if self.error is not None:
-            raise RuntimeError(f"benchmark helpers failed: {self.error}")
-        self.store.set(f"cmd/{self.i}", pickle.dumps((collective, algorithm, size_bytes, dtype, root)))
+    @contextlib.contextmanager
+    def benchmark(
+        self, collective: str, algorithm: str, size_bytes: int, dtype: str, root: int
+    ) -> Iterator[None]:
+        """The other ranks repeat this call, each time rank 0 calls :meth:`one_more`, until
+        :meth:`results` or the end of the body, however it ends (skipped where the world broke)."""
+        if self.broken is None and self.error is not None:
+            self.broken = f"the other ranks' launcher: {first_line(self.error)}"
+        if self.broken is not None:
+            pytest.skip(f"the benchmark world broke earlier ({self.broken})")
+        what = f"{collective} {algorithm} {size_bytes} B root {root}"
         self.i += 1
+        self.store.set(f"cmd/{self.i - 1}", pickle.dumps((collective, algorithm, size_bytes, dtype, root)))
+        self._open = True
+        try:
+            yield
+        except BaseException as exc:
+            if self._calling:  # the others may be inside the call: nothing sent now would reach them as meant
+                self._break(f"{what} failed inside a call: {type(exc).__name__}: {first_line(exc)}")
+                if self.error is not None:
+                    exc.add_note(
+                        f"the other ranks' launcher (its rank r is rank r + 1 here): {first_line(self.error)}"
+                    )
+            raise
+        finally:
+            if self._open:
+                self._done(what)
 
     def one_more(self) -> None:
-        """Before each call on rank 0: the others copy their input afresh and meet it at a barrier."""
-        _next(MORE)
+        """Before each call on rank 0: the others copy their input afresh and meet it at a barrier.
+        The call ends with :meth:`returned`."""
+        self._calling = True
+        _next(self.i)
         dist.barrier()
+
+    def returned(self) -> None:
+        """Rank 0's call (after :meth:`one_more`) returned."""
+        self._calling = False
 
     def results(self) -> dict[int, int]:
         """After rank 0's last call: the count of wrong elements in each other rank's last result."""
-        _next(DONE)
+        self._done(f"benchmark {self.i}")
         keys = [f"wrong/{self.i - 1}/{r}" for r in range(1, self.size)]
         self.store.wait(keys, RESULT_TIMEOUT)
         return {r: int(self.store.get(k)) for r, k in enumerate(keys, start=1)}
 
+    def _done(self, what: str) -> None:
+        """Tell the others the benchmark is over."""
+        self._open = False
+        try:
+            _next(DONE)
+        except BaseException as exc:
+            self._break(
+                f"{what}: the others could not be told it ended: {type(exc).__name__}: {first_line(exc)}"
+            )
+            raise
+
+    def _break(self, why: str) -> None:
+        """End the group now: the others, waiting on rank 0, fail at once rather than at its timeout."""
+        self.broken = why
+        self._open = self._calling = False
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.thread.join(timeout=HELPERS_STOP_S)
+
     def close(self) -> Any:
         self.store.set(f"cmd/{self.i}", pickle.dumps(None))
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
         self.thread.join(timeout=120)
         torch.set_num_threads(self.threads)
