@@ -5,6 +5,7 @@ after its rounds and once with no setup before it, which the other ranks must fo
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def test_a_failed_benchmark_leaves_the_next_one_running(tmp_path):
     one met its calls (a hang, then "Connection closed by peer"; in gloo, an abort of the pytest
     process). A failure inside a call, where the others may be in it still, ends the world: the
     benchmarks after it are skipped, saying why. Each file starts its own world."""
-    report = tmp_path / "report.xml"
+    report, saved = tmp_path / "report.xml", tmp_path / "saved.json"
     out = subprocess.run(
         [
             sys.executable,
@@ -59,6 +60,7 @@ def test_a_failed_benchmark_leaves_the_next_one_running(tmp_path):
             "-p",
             "no:cacheprovider",
             f"--junitxml={report}",
+            f"--benchmark-json={saved}",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -73,6 +75,8 @@ def test_a_failed_benchmark_leaves_the_next_one_running(tmp_path):
         outcomes[case.get("name")] = (
             (found[0].tag, found[0].get("message") + (found[0].text or "")) if found else ("passed", None)
         )
+    assert outcomes["test_wrong_result"][0] == "failure"
+    assert "wrong elements on each rank: {0: 0, 1: 7}" in outcomes["test_wrong_result"][1]
     assert outcomes["test_fails_between_calls"][0] == "failure"
     assert outcomes["test_runs_after_a_failure_between_calls"] == ("passed", None), out.stdout[-3000:]
     assert outcomes["test_fails_inside_a_call"][0] == "failure"
@@ -84,3 +88,6 @@ def test_a_failed_benchmark_leaves_the_next_one_running(tmp_path):
     kind, message = outcomes["test_the_next_benchmark_fails"]
     assert kind == "failure" and "repeats benchmark 1, but rank 0 asks for benchmark 2" in message, message
     assert outcomes["test_skipped_after_it"][0] == "skipped"
+    # only what passed is saved: pytest-benchmark's own has_error covers only a timed call that raised
+    names = {b["name"] for b in json.loads(saved.read_text())["benchmarks"]}
+    assert names == {"test_runs_after_a_failure_between_calls"}, names

@@ -15,6 +15,13 @@ def _bench(benchmark, bench_world, collective: str, algorithm: str) -> None:
     suite.test_collective(benchmark, bench_world, collective, algorithm, 0, 64 << 10)
 
 
+def test_wrong_result(benchmark, bench_world, monkeypatch):
+    """Rank 1's checked result is wrong: the benchmark fails and is not saved."""
+    results = bench_world.results
+    monkeypatch.setattr(bench_world, "results", lambda: {**results(), 1: 7})
+    _bench(benchmark, bench_world, "all_reduce", "ring")
+
+
 def test_fails_between_calls(benchmark, bench_world, monkeypatch):
     """Rank 0 fails after its last call, before it tells the others that the benchmark is over."""
 
