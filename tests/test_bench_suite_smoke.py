@@ -1,7 +1,8 @@
 """The pytest-benchmark suite runs (one size, one round), so it cannot rot between `make bench` runs.
 
-It runs with profiling on, in loops of two: pytest-benchmark then calls each collective once more
-after its rounds and once with no setup before it, which the other ranks must follow too."""
+It runs with a launcher's variables set, and with profiling on, in loops of two: pytest-benchmark
+then calls each collective once more after its rounds and once with no setup before it, which the
+other ranks must follow too."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# As pytest run by torchrun sees; the benchmark world's ranks are its own, not that job's (before,
+# they waited 120 s for a group at MASTER_ADDR, then failed).
+LAUNCHED = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9"}
 
 
 def test_benchmark_suite_smoke():
@@ -36,7 +40,7 @@ def test_benchmark_suite_smoke():
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "COMMBENCH_BENCH_SMOKE": "1"},
+        env={**os.environ, **LAUNCHED, "COMMBENCH_BENCH_SMOKE": "1"},
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "failed" not in out.stdout.splitlines()[-1]
@@ -91,3 +95,30 @@ def test_a_failed_benchmark_leaves_the_next_one_running(tmp_path):
     # only what passed is saved: pytest-benchmark's own has_error covers only a timed call that raised
     names = {b["name"] for b in json.loads(saved.read_text())["benchmarks"]}
     assert names == {"test_runs_after_a_failure_between_calls"}, names
+
+
+def test_a_world_below_two_ranks_is_refused_in_one_line():
+    """Before, every benchmark errored with the launcher's 'world size must be >= 1, got 0'."""
+    for world in ("1", "two"):
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "tests/bench_suite",
+                "-m",
+                "benchmark_suite",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COMMBENCH_BENCH_WORLD": world},
+        )
+        assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "COMMBENCH_BENCH_WORLD must be a whole number of ranks >= 2" in out.stdout
+        assert f"got {world!r}" in out.stdout
+        assert "Traceback" not in out.stdout + out.stderr

@@ -19,6 +19,7 @@ benchmarks are skipped, saying why.
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import threading
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from commbench import comm
-from commbench.bench import launch
+from commbench.bench import cluster, launch
 from commbench.bench.collectives import SPECS, Buffers
 from commbench.bench.records import first_line
 from commbench.comm.ops import parse_dtype
@@ -87,6 +88,19 @@ def _helper(host: str, port: int, world: int) -> None:
         i += 1
 
 
+@contextlib.contextmanager
+def _no_launcher_env() -> Iterator[None]:
+    """Without an outer launcher's variables (pytest run by torchrun or srun), as cluster.host_env
+    leaves them out: with them the launch took this process for one rank of that job and waited
+    for its group, then failed."""
+    names = [k for k in os.environ if k in cluster.LAUNCHER_VARS or k.startswith("TORCHELASTIC_")]
+    saved = {k: os.environ.pop(k) for k in names}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 class BenchWorld:
     def __init__(self, size: int) -> None:
         self.size = size
@@ -109,14 +123,15 @@ class BenchWorld:
                 self.error = exc
 
         self.thread = threading.Thread(target=target, daemon=True)
-        self.thread.start()
-        dist.init_process_group(
-            "gloo",
-            store=dist.PrefixStore(PREFIX, self.store),
-            rank=0,
-            world_size=size,
-            timeout=timedelta(seconds=120),
-        )
+        with _no_launcher_env():  # until every rank has joined, so the launch has read it
+            self.thread.start()
+            dist.init_process_group(
+                "gloo",
+                store=dist.PrefixStore(PREFIX, self.store),
+                rank=0,
+                world_size=size,
+                timeout=timedelta(seconds=120),
+            )
         self.workspace = comm.Workspace()
 
     @contextlib.contextmanager
