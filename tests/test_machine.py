@@ -27,23 +27,46 @@ def _git(root, *args: str) -> str:
     ).stdout.strip()
 
 
+def _commit_one(root, *paths: str) -> str:
+    """A checkout at ``root`` whose one commit holds ``paths``; returns the commit."""
+    _git(root, "init", "-q")
+    for path in paths:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("x = 1\n")
+    _git(root, "add", *paths)
+    _git(root, "commit", "-qm", "one")
+    return _git(root, "rev-parse", "HEAD")
+
+
 def test_the_commit_and_whether_tracked_files_changed(tmp_path):
     assert machine.git_commit(tmp_path) == (None, None)  # not a checkout
-    _git(tmp_path, "init", "-q")
-    (tmp_path / "a.py").write_text("x = 1\n")
-    _git(tmp_path, "add", "a.py")
-    _git(tmp_path, "commit", "-qm", "one")
-    head = _git(tmp_path, "rev-parse", "HEAD")
+    head = _commit_one(tmp_path, "commbench/__init__.py")
     assert machine.git_commit(tmp_path) == (head, False)
     (tmp_path / "new.py").write_text("")  # untracked: not part of what the commit names
     assert machine.git_commit(tmp_path) == (head, False)
-    (tmp_path / "a.py").write_text("x = 2\n")
+    (tmp_path / "commbench" / "__init__.py").write_text("x = 2\n")
     assert machine.git_commit(tmp_path) == (head, True)
+
+
+def test_an_installed_copy_inside_another_repository_has_no_commit(tmp_path):
+    """pip install into a virtual environment inside the user's project: git, asked in
+    site-packages, answered with the project's commit and its changes, reported as commbench's."""
+    _commit_one(tmp_path, "project.py")
+    site = tmp_path / ".venv" / "lib" / "python3" / "site-packages"
+    (site / "commbench").mkdir(parents=True)
+    (site / "commbench" / "__init__.py").write_text("")
+    assert machine.git_commit(site) == (None, None)
+    # the project's own top, which does not track commbench, has none either
+    (tmp_path / "commbench").mkdir()
+    (tmp_path / "commbench" / "__init__.py").write_text("")
+    assert machine.git_commit(tmp_path) == (None, None)
 
 
 def test_the_header_and_the_report_say_when_the_code_was_modified():
     info = machine.machine_info("gloo")
     assert (info["commit"], info["commit_modified"]) == machine.git_commit()
+    if (machine.CHECKOUT / ".git").exists():  # the tests run from a checkout: its HEAD, not None
+        assert info["commit"] == _git(machine.CHECKOUT, "rev-parse", "HEAD")
     runs = [
         reporting.Run(
             path=f"{modified}.jsonl",

@@ -28,7 +28,8 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-CHECKOUT = Path(__file__).resolve().parents[2]  # the repository root, when run from a clone
+PACKAGE = Path(__file__).resolve().parents[1]  # commbench's own directory
+CHECKOUT = PACKAGE.parent  # the repository root, when run from a clone; else site-packages or such
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -43,11 +44,19 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 def git_commit(root: Path = CHECKOUT) -> tuple[str | None, bool | None]:
-    """(HEAD's commit, whether tracked files differ from it) of the checkout at ``root``; (None,
-    None) outside one.
+    """(HEAD's commit, whether tracked files differ from it) of the checkout at ``root`` that
+    tracks the package (``root/commbench``); (None, None) where there is none.
 
-    A run of modified code is not a run of its commit: the header says which it was.
+    A run of modified code is not a run of its commit: the header says which it was. An installed
+    copy sits in site-packages, where git finds whatever repository holds the virtual environment
+    (the user's project): its commit is not commbench's, so ``root`` must be the top of the
+    checkout and the package one of its tracked paths.
     """
+    top = (_git(root, "rev-parse", "--show-toplevel") or "").strip()
+    if not top or Path(top).resolve() != root.resolve():
+        return None, None
+    if not (_git(root, "ls-files", "--", f"{PACKAGE.name}/__init__.py") or "").strip():
+        return None, None
     head = (_git(root, "rev-parse", "HEAD") or "").strip() or None
     if head is None:
         return None, None
