@@ -67,6 +67,31 @@ def test_reduce_into_refuses_what_torch_would_broadcast_or_convert(out, a, b, ne
     assert torch.equal(out, torch.zeros(4))
 
 
+@pytest.mark.parametrize(
+    "op,expected",
+    [
+        ("sum", torch.add),
+        ("avg", torch.add),  # a sum here; the collective divides once at the end
+        ("prod", torch.mul),
+        ("max", torch.maximum),
+        ("min", torch.minimum),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_reduce_into_matches_torch(op, expected, dtype):
+    a = torch.tensor([1, 5, -2, 0, 7], dtype=dtype)
+    b = torch.tensor([2, 1, 3, -4, 7], dtype=dtype)
+    out = torch.empty_like(a)
+    assert reduce_into(out, a, b, op) is out
+    assert torch.equal(out, expected(a, b)), (op, out)
+
+
+def test_reduce_into_an_unknown_op_names_the_choices():
+    """It was a bare KeyError: 'mean'."""
+    with pytest.raises(ValueError, match="unknown op 'mean'; choose from sum, avg, prod, max, min"):
+        reduce_into(torch.zeros(2), torch.ones(2), torch.ones(2), "mean")
+
+
 def test_reduce_into_may_write_into_an_operand():
     a = torch.tensor([1.0, 5.0, -2.0])
     assert reduce_into(a, a, torch.tensor([2.0, 1.0, 3.0]), "max") is a

@@ -22,9 +22,13 @@ def reduce_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) ->
         op: one of sum, avg, prod, max, min (avg accumulates as sum).
 
     Raises:
-        ValueError: when the three differ in shape, dtype or device. torch would broadcast a
-            smaller operand or promote a dtype without a word, hiding a wrong-sized buffer.
+        ValueError: when the three differ in shape, dtype or device (torch would broadcast a
+            smaller operand or promote a dtype without a word, hiding a wrong-sized buffer), or
+            ``op`` is none of the above.
     """
+    binary = _BINARY.get(op)
+    if binary is None:
+        raise ValueError(f"unknown op {op!r}; choose from {', '.join(_BINARY)}")
     if not out.shape == a.shape == b.shape:
         raise ValueError(
             f"reduce_into needs one shape, got out {tuple(out.shape)}, a {tuple(a.shape)}, b {tuple(b.shape)}"
@@ -33,4 +37,4 @@ def reduce_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) ->
         raise ValueError(f"reduce_into needs one dtype, got out {out.dtype}, a {a.dtype}, b {b.dtype}")
     if not out.device == a.device == b.device:
         raise ValueError(f"reduce_into needs one device, got out {out.device}, a {a.device}, b {b.device}")
-    return _BINARY[op](a, b, out=out)
+    return binary(a, b, out=out)
