@@ -150,6 +150,44 @@ def test_pack_and_unpack_neither_convert_nor_move(tensor, flat, needle) -> None:
         assert torch.equal(tensor, before)
 
 
+def test_a_sparse_tensor_is_refused_before_anything_is_copied() -> None:
+    """The dense tensor before it was copied, then copy_ failed with a RuntimeError."""
+    dense, sparse = torch.ones(3), torch.ones(4).to_sparse()
+    flat = torch.zeros(7)
+    with pytest.raises(ValueError, match="tensor 1 is torch.sparse_coo; only dense tensors"):
+        pack([dense, sparse], flat)
+    assert torch.equal(flat, torch.zeros(7))
+    with pytest.raises(ValueError, match="tensor 1 is torch.sparse_coo"):
+        unpack(torch.full((7,), 2.0), [dense, sparse])
+    assert torch.equal(dense, torch.ones(3))
+    with pytest.raises(ValueError, match="the bucket must be a dense tensor"):
+        pack([dense], torch.zeros(3).to_sparse())
+
+
+def test_views_of_the_bucket_only_as_their_own_slices() -> None:
+    """Views of the bucket in another order were packed over one another without a word
+    (out[2:4], out[0:2] into [0, 1, 2, 3] gave [2, 3, 2, 3])."""
+    flat = torch.arange(4.0)
+    pack([flat[0:2], flat[2:4]], flat)  # each its own slice: copied onto itself
+    unpack(flat, [flat[0:2], flat[2:4]])
+    assert flat.tolist() == [0.0, 1.0, 2.0, 3.0]
+    for views in ([flat[2:4], flat[0:2]], [flat[1:3], torch.zeros(2)], [flat[0:4:2], flat[1:4:2]]):
+        with pytest.raises(ValueError, match="shares memory with the bucket other than as its own slice"):
+            pack(views, flat)
+        with pytest.raises(ValueError, match="other than as its own slice"):
+            unpack(flat, views)
+        assert flat.tolist() == [0.0, 1.0, 2.0, 3.0]
+    # a view that starts before the bucket in one allocation and reaches into it
+    whole = torch.arange(8.0)
+    with pytest.raises(ValueError, match="tensor 0 shares memory"):
+        pack([whole[0:4].view(2, 2).t()], whole[3:7])
+    # elsewhere in the bucket's allocation, not in the bucket: copied as any other tensor
+    pack([whole[0:2], whole[6:8]], whole[2:6])
+    assert whole.tolist() == [0.0, 1.0, 0.0, 1.0, 6.0, 7.0, 6.0, 7.0]
+    # meta tensors have no memory to share (every pointer is 0)
+    pack([torch.empty(2, device="meta"), torch.empty(2, device="meta")], torch.empty(4, device="meta"))
+
+
 def test_a_model_of_mixed_dtypes_is_refused_before_its_first_step():
     """Its gradients were packed into the first parameter's dtype (a float16 bucket rounded the
     float32 ones); the kernels now refuse that mid-backward, so the sync says so at wrap."""

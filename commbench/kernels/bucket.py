@@ -9,16 +9,41 @@ import torch
 
 def _check(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     """Raise ValueError unless ``tensors`` fit the 1-D ``flat`` exactly, in its dtype and on its
-    device: a copy would otherwise convert them silently (a bucket of a lower precision rounds
-    every gradient it carries) or move them between devices."""
+    device, dense, and apart from it: a copy would otherwise convert them silently (a bucket of a
+    lower precision rounds every gradient it carries), move them between devices, fail halfway
+    (a sparse tensor) or read what it had already overwritten (a view of ``flat`` elsewhere than
+    its own slice). All is checked before anything is copied; this runs on every bucket, so a
+    tensor that does not start inside ``flat``'s allocation costs one pointer comparison more."""
     if flat.dim() != 1:
         raise ValueError(f"the bucket must be 1-D, got shape {tuple(flat.shape)}")
+    if flat.layout is not torch.strided:
+        raise ValueError(f"the bucket must be a dense tensor, got {flat.layout}")
+    dtype, device, size = flat.dtype, flat.device, flat.element_size()
+    storage = flat.untyped_storage()
+    first = storage.data_ptr()
+    end = first if device.type == "meta" else first + storage.nbytes()  # flat's allocation; meta has none
+    lo = own = flat.data_ptr()  # own: where the tensor's own slice of flat starts
+    hi = lo + flat.numel() * size
     for i, t in enumerate(tensors):
-        if t.dtype != flat.dtype:
-            raise ValueError(f"tensor {i} is {t.dtype} but the bucket is {flat.dtype}; convert it first")
-        if t.device != flat.device:
-            raise ValueError(f"tensor {i} is on {t.device} but the bucket is on {flat.device}")
-    total = sum(t.numel() for t in tensors)
+        if t.dtype != dtype:
+            raise ValueError(f"tensor {i} is {t.dtype} but the bucket is {dtype}; convert it first")
+        if t.device != device:
+            raise ValueError(f"tensor {i} is on {t.device} but the bucket is on {device}")
+        if t.layout is not torch.strided:
+            raise ValueError(
+                f"tensor {i} is {t.layout}; only dense tensors go into a bucket, convert it first"
+            )
+        n = t.numel()
+        p = t.data_ptr()
+        if n and first <= p < end and not (p == own and t.is_contiguous()):
+            span = 1 + sum((d - 1) * s for d, s in zip(t.shape, t.stride(), strict=True))
+            if p < hi and p + span * size > lo:
+                raise ValueError(
+                    f"tensor {i} shares memory with the bucket other than as its own slice "
+                    f"(elements {(own - lo) // size} to {(own - lo) // size + n}); copy it first"
+                )
+        own += n * size
+    total = (own - lo) // size
     if total != flat.numel():
         raise ValueError(f"bucket holds {flat.numel()} elements, tensors have {total}")
 
@@ -31,7 +56,8 @@ def pack(tensors: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
         out: 1-D destination.
 
     Raises:
-        ValueError: when they do not match; nothing is converted or moved.
+        ValueError: when they do not match, or one is a view of ``out`` other than its own slice;
+            nothing is converted, moved or copied.
     """
     _check(out, tensors)
     offset = 0
