@@ -938,6 +938,24 @@ def test_a_stop_before_the_run_writes_its_records_does_not_claim_an_earlier_runs
     assert old.read_text() == '{"type": "header"}\n{"type": "sweep"}\n'
 
 
+def test_a_stopped_cluster_does_not_claim_an_earlier_runs_points(tmp_path, monkeypatch, capsys):
+    """The same for the cluster, whose records file its inner command names: the hosts are built
+    (seconds) before any rank writes it."""
+    from commbench.bench import cluster, netns
+
+    old = tmp_path / "c.jsonl"
+    old.write_text('{"type": "header"}\n{"type": "sweep"}\n')
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(netns, "check_privileges", lambda: None)
+    monkeypatch.setattr(cluster, "run_hosts", stopped)
+    assert main(["cluster", "--hosts", "2", "--", "sweep", "-e", "4K", "--json", str(old)]) == 130
+    err = capsys.readouterr().err
+    assert err == f"commbench: interrupted; nothing had finished, {old} is as it was before this run\n"
+
+
 def test_a_path_behind_a_directory_without_access_is_one_line(monkeypatch, capsys):
     """As a user other than root, ``Path.is_dir`` itself raises on a directory that user cannot
     enter (root passes every permission check, so the error is put in its place here)."""

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from commbench.bench.records import output_path
+from commbench.bench.records import file_stamp, output_path
 
 SUMMARY_KEYS = (
     "collective",
@@ -507,22 +507,15 @@ def _import_launch() -> Any:
     return launch
 
 
-def _file_stamp(path: str | None) -> tuple[int, int, int] | None:
-    """(inode, size, modification time) of ``path``, None where it cannot be read."""
-    try:
-        st = os.stat(path) if path else None
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns) if st else None
-
-
 def _kept(path: str | None, before: tuple[int, int, int] | None = None) -> str:
     """What an interrupted run left in ``path``, for its one-line message; ``before`` is the
-    file's :func:`_file_stamp` when the run began: a file this run never wrote holds an earlier
-    run's points, not its own."""
+    file's :func:`~commbench.bench.records.file_stamp` when the run began: a file this run never
+    wrote holds an earlier run's points, not its own."""
+    from commbench.bench.records import file_stamp
+
     if not path:
         return ""
-    if before is not None and _file_stamp(path) == before:
+    if before is not None and file_stamp(path) == before:
         return f"; nothing had finished, {path} is as it was before this run"
     import json
 
@@ -539,6 +532,11 @@ def _kept(path: str | None, before: tuple[int, int, int] | None = None) -> str:
     if points:
         return f"; finished points are in {path}"
     return f"; nothing had finished, {path} holds no points"
+
+
+def _records_path(args: argparse.Namespace) -> str | None:
+    """The JSON Lines file the command writes its finished points to, if any."""
+    return getattr(args, "json", None) or ("results/demo.jsonl" if args.command == "demo" else None)
 
 
 # Commands that start local ranks in this process (profile and cluster start commbench processes).
@@ -616,11 +614,11 @@ def _main(argv: list[str] | None) -> int:
     NotStarted = launch.starter.ServerNotReady
 
     args = None
-    records, before = None, None
     try:
         args = build_parser().parse_args(argv)
-        records = getattr(args, "json", None) or ("results/demo.jsonl" if args.command == "demo" else None)
-        before = _file_stamp(records)
+        # The records file as it is before the run (a cluster's, named by its inner command, is
+        # stamped by commbench.bench.cluster.run once it has parsed that).
+        args.records_before = file_stamp(_records_path(args))
         if args.command == "sweep":
             return cmd_sweep(sweep_config(args), launch_spec(args), args.plot)
         if args.command == "summary":
@@ -702,7 +700,8 @@ def _main(argv: list[str] | None) -> int:
         from commbench.bench import signals  # loaded already, by the launcher's module
 
         signals.ignore_further(exiting=True)  # a second Ctrl-C would cut the exit's clean-up short
-        print("commbench: interrupted" + _kept(records, before), file=sys.stderr)
+        kept = _kept(_records_path(args), getattr(args, "records_before", None)) if args else ""
+        print("commbench: interrupted" + kept, file=sys.stderr)
         return 128 + getattr(exc, "signum", 2)
     except BrokenPipeError:
         # The reader of our output left (`commbench summary ... | head`): stop quietly, as a

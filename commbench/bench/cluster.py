@@ -30,6 +30,7 @@ from typing import Any
 
 from commbench.bench import netns, signals
 from commbench.bench.netns import NIC, RDZV_PORT, Shaping, Topology
+from commbench.bench.records import file_stamp
 
 INNER_COMMANDS = ("sweep", "train", "compare")
 LAUNCHER_VARS = (
@@ -171,6 +172,7 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
     inner = build_parser().parse_args(list(config.inner))  # bad inner input: exit 2 before building
     check_inner(inner, config.hosts)
     args.json = inner.json  # an interruption's one line names where the finished points are
+    args.records_before = file_stamp(inner.json)  # and not an earlier run's, in a file not yet written
     (privileges or netns.check_privileges)()
 
     def on_signal(signum: int, frame: Any) -> None:

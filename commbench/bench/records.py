@@ -182,6 +182,16 @@ class RecordWriter:
                 f.close()
 
 
+def file_stamp(path: str | Path | None) -> tuple[int, int, int] | None:
+    """(inode, size, modification time) of ``path``, None where it cannot be read: a run's records
+    file stamped when the run begins tells whether the run wrote it at all."""
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns) if st else None
+
+
 def exposed_comm_ms(summary: dict[str, Any]) -> float | None:
     """A training record's exposed communication, where its communication is measured: a strategy
     whose comm is not (dp, comm_ms null) has a 0 there that would read as a measurement."""
