@@ -209,3 +209,40 @@ def test_a_path_that_rank_0_refuses_is_said_once_and_ends_the_run(tmp_path):
     assert out.returncode != 0
     assert said == ["commbench: error: cannot write nodir/r.jsonl: directory nodir does not exist"], said
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["term", "hup"])
+def test_a_rank_waiting_for_its_peers_ends_at_once_when_its_launcher_stops_it(tmp_path, sig):
+    """A rank started by torchrun or SLURM is the commbench process itself: a Python handler for
+    SIGTERM in it waited out the whole rendezvous (the --timeout of 60 s here) before acting; the
+    default action ends it as soon as the launcher stops it."""
+    import psutil
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    argv = [sys.executable, "-m", "commbench", "sweep", "-b", "1K", "-e", "1K", "-q", "--no-probe"]
+    proc = subprocess.Popen(
+        [*argv, "--timeout", "60"], env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        listening = False
+        while not listening and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            with contextlib.suppress(psutil.Error):
+                conns = psutil.Process(proc.pid).net_connections(kind="tcp")
+                listening = any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns)
+        assert listening, "rank 0 never opened its store"  # it waits there for rank 1, which never comes
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode in (-sig, 128 + sig), err[-2000:]

@@ -471,13 +471,17 @@ def _raise_stopped(signum: int, frame: Any) -> None:
     raise _Stopped(signum)
 
 
-def _stops_raise_outside_launches() -> None:
+def _stops_raise_outside_launches(launch: Any) -> None:
     """SIGTERM and SIGHUP that would take their default action raise :class:`_Stopped` from now
     on, as SIGINT raises KeyboardInterrupt: between the import of the launcher and the launch
     (parsing, checks, matplotlib's import for --plot: about a second) they ended the command
     without its one line. A launch sets its own and puts these back; a handler that the caller
-    set (a study running its commands) or an inherited ignore is left as it is."""
-    if threading.current_thread() is not threading.main_thread():
+    set (a study running its commands) or an inherited ignore is left as it is.
+
+    Not in a rank that torchrun, SLURM or the cluster started: it is this process, and it joins
+    its group in C++ waits (the rendezvous) that a Python handler sits out, so a stop from its
+    launcher waited for the whole --timeout; the default action ends it at once."""
+    if threading.current_thread() is not threading.main_thread() or launch.launched_externally():
         return
     for s in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(s) == signal.SIG_DFL:
@@ -603,7 +607,7 @@ def _main(argv: list[str] | None) -> int:
             print(f"commbench: error: {refused}", file=sys.stderr)
             return 2
         launch = _import_launch()
-        _stops_raise_outside_launches()
+        _stops_raise_outside_launches(launch)
     except (_SignalWhileLoading, KeyboardInterrupt) as exc:  # KeyboardInterrupt: while the rank server starts
         from commbench.bench import signals
 

@@ -385,8 +385,8 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
                     raise failure from None
     except SignalException as exc:  # the agent has stopped the ranks before raising this
         raise Interrupted(int(exc.sigval)) from None
-    except KeyboardInterrupt:
-        raise Interrupted(signal.SIGINT) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C, or the CLI's SIGTERM/SIGHUP before the handlers
+        raise Interrupted(getattr(exc, "signum", signal.SIGINT)) from None
     if lost:
         raise Interrupted(lost[0])
     return results
