@@ -162,8 +162,13 @@ def test_more_nccl_ranks_than_gpus_is_bad_input(monkeypatch, capsys):
     # under torchrun, the ranks on this host count: two of a world of four on one GPU
     for key, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h"}.items():
         monkeypatch.setenv(key, value)
-    with pytest.raises(ValueError, match="2 ranks on this host, 1 GPU"):
+    with pytest.raises(
+        ValueError, match="2 ranks on this host, 1 GPU.s.; start at most that many ranks a host"
+    ):
         cli.launch_spec(cli.build_parser().parse_args(["sweep", "--device", "cuda"]))
+    # where the launcher gives each rank a GPU of its own (srun --gpus-per-task), each sees one
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert cli.launch_spec(cli.build_parser().parse_args(["sweep", "--device", "cuda"])).world_size == 4
 
 
 def test_sweep_writes_table_json_csv_and_plot(recorded_sweep, monkeypatch):

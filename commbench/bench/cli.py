@@ -244,15 +244,29 @@ def launch_spec(args: argparse.Namespace) -> Any:
 
 
 def check_gpus_for_nccl(local: int) -> None:
-    """Refuse more NCCL ranks on this host than it has GPUs: ranks take the GPU of their local
-    rank modulo the count, and NCCL refuses two ranks on one GPU, inside the ranks (exit 1)."""
+    """Refuse more NCCL ranks on this host than it has GPUs: ranks take the GPU of their local rank
+    modulo the count, and NCCL refuses two ranks on one GPU, inside the ranks (exit 1). Not where
+    ``$CUDA_VISIBLE_DEVICES`` is set under torchrun or SLURM: the launcher may give each rank a GPU
+    of its own, which it then sees as the only one."""
+    import os
+
     import torch
 
+    from commbench.bench import launch
+
+    outside = launch.launched_externally()
+    if outside and os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        return
     gpus = torch.cuda.device_count()
     if local > gpus:
+        fewer = (
+            "start at most that many ranks a host (torchrun --nproc-per-node, srun --ntasks-per-node)"
+            if outside
+            else f"use --world-size {gpus}"
+        )
         raise ValueError(
             f"NCCL needs a GPU for each rank: {local} ranks on this host, {gpus} GPU(s); "
-            f"use --world-size {gpus} or --backend gloo"
+            f"{fewer} or --backend gloo"
         )
 
 
