@@ -188,6 +188,20 @@ def test_views_of_the_bucket_only_as_their_own_slices() -> None:
     pack([torch.empty(2, device="meta"), torch.empty(2, device="meta")], torch.empty(4, device="meta"))
 
 
+def test_a_strided_bucket_is_refused() -> None:
+    """The overlap check counts a bucket's elements as adjacent: in big[::2] it missed big[4:5]
+    (packed after big[4] was overwritten: [10, 11, 12, 12]) and refused each slice copied onto
+    itself. Buckets are contiguous, as the collectives that carry them require."""
+    big = torch.arange(8.0)
+    for call in (
+        lambda: pack([torch.tensor([10.0, 11.0, 12.0]), big[4:5]], big[::2]),
+        lambda: unpack(big[::2], [torch.zeros(2), torch.zeros(2)]),
+    ):
+        with pytest.raises(ValueError, match="the bucket must be contiguous, got stride 2"):
+            call()
+    assert big.tolist() == [float(i) for i in range(8)]
+
+
 def test_a_model_of_mixed_dtypes_is_refused_before_its_first_step():
     """Its gradients were packed into the first parameter's dtype (a float16 bucket rounded the
     float32 ones); the kernels now refuse that mid-backward, so the sync says so at wrap."""

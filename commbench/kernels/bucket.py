@@ -8,7 +8,7 @@ import torch
 
 
 def _check(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    """Raise ValueError unless ``tensors`` fit the 1-D ``flat`` exactly, in its dtype and on its
+    """Raise ValueError unless ``tensors`` fit the contiguous 1-D ``flat`` exactly, in its dtype and on its
     device, dense, and apart from it: a copy would otherwise convert them silently (a bucket of a
     lower precision rounds every gradient it carries), move them between devices, fail halfway
     (a sparse tensor) or read what it had already overwritten (a view of ``flat`` elsewhere than
@@ -18,6 +18,8 @@ def _check(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
         raise ValueError(f"the bucket must be 1-D, got shape {tuple(flat.shape)}")
     if flat.layout is not torch.strided:
         raise ValueError(f"the bucket must be a dense tensor, got {flat.layout}")
+    if not flat.is_contiguous():  # the overlap check below counts its elements as adjacent
+        raise ValueError(f"the bucket must be contiguous, got stride {flat.stride(0)}")
     dtype, device, size = flat.dtype, flat.device, flat.element_size()
     storage = flat.untyped_storage()
     first = storage.data_ptr()
