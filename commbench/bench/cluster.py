@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -245,12 +245,18 @@ def _read_records(path: str | None) -> list[dict[str, Any]]:
         return []
 
 
+def launcher_vars(env: Mapping[str, str]) -> set[str]:
+    """The names in ``env`` that an outer launcher (torchrun, SLURM) set for its ranks."""
+    return {k for k in env if k in LAUNCHER_VARS or k.startswith("TORCHELASTIC_")}
+
+
 def host_env(base: dict[str, str], topo: Topology, i: int, shaping: Shaping) -> dict[str, str]:
     """The environment of host ``i``'s launcher and rank: no outer launcher's variables, one thread,
     gloo on the host's NIC, and the COMMBENCH_* variables the probes read."""
     import commbench
 
-    env = {k: v for k, v in base.items() if k not in LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
+    outer = launcher_vars(base)
+    env = {k: v for k, v in base.items() if k not in outer}
     root = str(Path(commbench.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, base.get("PYTHONPATH", "")) if p)
     env.update(

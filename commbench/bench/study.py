@@ -34,7 +34,7 @@ from typing import Any, TextIO
 from commbench.bench import reporting as rp
 from commbench.bench import signals
 from commbench.bench.cluster import NOT_BUILT
-from commbench.bench.records import exposed_comm_ms, output_path
+from commbench.bench.records import exposed_comm_ms, file_stamp, output_path
 
 SCALES = ("tiny", "default", "full")
 COMMANDS = ("sweep", "train", "compare")
@@ -100,11 +100,7 @@ class Group:
                     f"group {self.label!r}: unknown scale {scale!r}; choose from {', '.join(SCALES)}"
                 )
         for name, table_ in (("full", self.full), ("tiny", self.tiny)):
-            extra = set(table_) - {"options", "grid"}
-            if extra:
-                raise ValueError(
-                    f"group {self.label!r}: [{name}] takes options and grid, not {sorted(extra)}"
-                )
+            _scale_table(table_, f"group {self.label!r}: [{name}]")  # as load_study checks a file's
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -600,13 +596,13 @@ def run_study(
                 argv = list(p.argv) + (["-q"] if config.quiet else [])  # a cluster's: its command's, last
                 note = f"local ranks: {why_not}" if why_not and p.group in clustered else p.note
                 start = time.perf_counter()
-                earlier = _stamp(Path(p.json_path))
+                earlier = file_stamp(p.json_path)
                 code, error = _run_one(arm, execute, argv)
                 if code == NOT_BUILT and p.local_argv is not None:  # nothing ran: local ranks instead
                     note = "local ranks: the emulated cluster could not be built" + (
                         f" ({error})" if error else ""
                     )
-                    if _stamp(Path(p.json_path)) != earlier:  # not an earlier start's, which the run replaces
+                    if file_stamp(p.json_path) != earlier:  # not an earlier start's, which the run replaces
                         note += _set_aside(Path(p.json_path))
                     argv = list(p.local_argv) + (["-q"] if config.quiet else [])
                     code, error = _run_one(arm, execute, argv)
@@ -644,15 +640,6 @@ def _set_aside(records: Path) -> str:
     except OSError as exc:
         return f"; its records could not be kept ({exc.strerror})"
     return f"; its records are in runs/{aside.name}"
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    """(modification time, size) of ``path``, None where it is not there."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
 
 
 def _restart_progress(out: Path, kept: Iterable[Outcome]) -> TextIO:

@@ -93,7 +93,7 @@ def _no_launcher_env() -> Iterator[None]:
     """Without an outer launcher's variables (pytest run by torchrun or srun), as cluster.host_env
     leaves them out: with them the launch took this process for one rank of that job and waited
     for its group, then failed."""
-    names = [k for k in os.environ if k in cluster.LAUNCHER_VARS or k.startswith("TORCHELASTIC_")]
+    names = cluster.launcher_vars(os.environ)
     saved = {k: os.environ.pop(k) for k in names}
     try:
         yield
