@@ -17,30 +17,25 @@ ROOT = Path(__file__).resolve().parents[1]
 # As pytest run by torchrun sees; the benchmark world's ranks are its own, not that job's (before,
 # they waited 120 s for a group at MASTER_ADDR, then failed).
 LAUNCHED = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9"}
+SUITE = ["tests/bench_suite", "-m", "benchmark_suite"]
 
 
-def test_benchmark_suite_smoke():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests/bench_suite",
-            "-m",
-            "benchmark_suite",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--benchmark-columns=median,rounds",
-            "--benchmark-cprofile=cumtime",
-            "--benchmark-cprofile-loops=2",
-            "--benchmark-cprofile-top=1",
-        ],
+def _pytest(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """pytest on ``args`` in a process of its own, quiet, with ``env`` added to ours."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider"],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
-        env={**os.environ, **LAUNCHED, "COMMBENCH_BENCH_SMOKE": "1"},
+        timeout=timeout,
+        env={**os.environ, **env},
+    )
+
+
+def test_benchmark_suite_smoke():
+    profiled = ["--benchmark-cprofile=cumtime", "--benchmark-cprofile-loops=2", "--benchmark-cprofile-top=1"]
+    out = _pytest(
+        [*SUITE, "--benchmark-columns=median,rounds", *profiled], {**LAUNCHED, "COMMBENCH_BENCH_SMOKE": "1"}
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "failed" not in out.stdout.splitlines()[-1]
@@ -53,24 +48,9 @@ def test_a_failed_benchmark_leaves_the_next_one_running(tmp_path):
     process). A failure inside a call, where the others may be in it still, ends the world: the
     benchmarks after it are skipped, saying why. Each file starts its own world."""
     report, saved = tmp_path / "report.xml", tmp_path / "saved.json"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "tests/bench_suite/failing_scenarios.py",
-            "tests/bench_suite/failing_out_of_step.py",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            f"--junitxml={report}",
-            f"--benchmark-json={saved}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COMMBENCH_BENCH_SMOKE": "1"},
+    scenarios = ["tests/bench_suite/failing_scenarios.py", "tests/bench_suite/failing_out_of_step.py"]
+    out = _pytest(
+        [*scenarios, f"--junitxml={report}", f"--benchmark-json={saved}"], {"COMMBENCH_BENCH_SMOKE": "1"}
     )
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]  # tests failed; nothing aborted
     outcomes = {}
@@ -100,24 +80,7 @@ def test_a_failed_benchmark_leaves_the_next_one_running(tmp_path):
 def test_a_world_below_two_ranks_is_refused_in_one_line():
     """Before, every benchmark errored with the launcher's 'world size must be >= 1, got 0'."""
     for world in ("1", "two"):
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "tests/bench_suite",
-                "-m",
-                "benchmark_suite",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "COMMBENCH_BENCH_WORLD": world},
-        )
+        out = _pytest(SUITE, {"COMMBENCH_BENCH_WORLD": world}, timeout=120)
         assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
         assert "COMMBENCH_BENCH_WORLD must be a whole number of ranks >= 2" in out.stdout
         assert f"got {world!r}" in out.stdout
