@@ -1,5 +1,6 @@
 """The ``commbench`` command. Library code raises; only this module turns an exception into a
-one-line message and an exit code (2 for bad input, 1 for a failed run, 130 when interrupted)."""
+one-line message and an exit code (2 for bad input, 1 for a failed run, 128 + the signal when
+interrupted: 130 for Ctrl-C)."""
 
 from __future__ import annotations
 
