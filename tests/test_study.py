@@ -868,6 +868,22 @@ def test_a_partial_report_counts_a_failed_run_as_one_resume_runs_again(tmp_path,
     assert len(started) == total - 2
 
 
+def test_a_dry_run_shows_the_commands_where_no_cluster_can_be_built(monkeypatch, capsys):
+    """It showed cluster groups as cluster commands even where the run would give them local ranks."""
+    from commbench.bench.cli import main
+
+    monkeypatch.setattr(study, "cluster_available", lambda: "no privileges here")
+    assert main(["study", "001_sync_strategies", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "# cluster groups run on local ranks here: no privileges here"
+    assert lines[1:] and all(line.startswith("commbench ") for line in lines[1:])
+    assert not any(line.startswith("commbench cluster ") for line in lines)
+    monkeypatch.setattr(study, "cluster_available", lambda: None)
+    assert main(["study", "001_sync_strategies", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("commbench cluster --hosts") for line in lines) and lines[0][0] != "#"
+
+
 def test_only_a_cluster_group_s_runs_say_they_ran_on_local_ranks(tmp_path, monkeypatch):
     """Where no emulated cluster could be built, every run of the study got the note."""
     (tmp_path / "mixed.toml").write_text(

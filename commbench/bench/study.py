@@ -486,6 +486,12 @@ def cluster_available() -> str | None:
     return None
 
 
+def _why_no_cluster(study: Study, scale: str) -> str | None:
+    """Why the study's cluster groups run on local ranks at ``scale`` here; None where they run on
+    an emulated cluster, or where it has none (and at --tiny, which never builds one)."""
+    return cluster_available() if any(g.cluster for g in study.groups) and scale != "tiny" else None
+
+
 # ---- running --------------------------------------------------------------------------------
 
 
@@ -561,7 +567,7 @@ def run_study(
     execute = execute or cli_main
     study = load_study(config.name)
     out = config.directory
-    why_not = cluster_available() if any(g.cluster for g in study.groups) and config.scale != "tiny" else None
+    why_not = _why_no_cluster(study, config.scale)
     planned = plan(study, config.scale, out, cluster_ok=why_not is None)
     clustered = {g.label for g in study.groups if g.cluster}
     check_cuda(validate(planned), len(planned), config.scale)
@@ -1256,7 +1262,9 @@ def add_parser(sub: Any) -> None:
         "--tiny", action="store_true", help=f"a smoke test: every run shrunk to seconds (or {SCALE_ENV}=tiny)"
     )
     p.add_argument("--list", action="store_true", help="list the studies and exit")
-    p.add_argument("--dry-run", action="store_true", help="print the commands the study would run, and exit")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the commands the study would run here, and exit"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no tables from the runs")
     p.add_argument(
         "--resume",
@@ -1285,8 +1293,11 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.dry_run:
         study = load_study(config.name)
-        planned = plan(study, config.scale, config.directory, cluster_ok=True)
+        why_not = _why_no_cluster(study, config.scale)  # as the run would decide
+        planned = plan(study, config.scale, config.directory, cluster_ok=why_not is None)
         validate(planned)
+        if why_not:
+            print(f"# cluster groups run on local ranks here: {why_not}")
         for p in planned:
             print("commbench " + shlex.join(p.argv))
         return 0
