@@ -610,9 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     finally:
-        for s, handler in before.items():
-            if handler is not None:
-                signal.signal(s, handler)
+        signals.restore(before)
 
 
 def _main(argv: list[str] | None) -> int:

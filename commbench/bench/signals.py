@@ -42,9 +42,15 @@ def handled(
     try:
         yield
     finally:
-        for s, old in before.items():
-            if old is not None:  # None: a handler set outside Python, which cannot be put back
-                signal.signal(s, old)
+        restore(before)
+
+
+def restore(handlers: dict[int, Any]) -> None:
+    """Put back each signal's handler from ``handlers`` (as ``signal.getsignal`` gave them); a
+    None, a handler set outside Python, cannot be put back and is left as it is now."""
+    for s, old in handlers.items():
+        if old is not None:
+            signal.signal(s, old)
 
 
 @contextlib.contextmanager

@@ -797,9 +797,7 @@ def _signals_interrupt() -> Iterator[Callable[[Callable[[list[str]], int], list[
     try:
         yield arm
     finally:
-        for s, h in old.items():
-            if h is not None:  # None: a handler set outside Python, which cannot be put back
-                signal.signal(s, h)
+        signals.restore(old)
 
 
 # ---- the report -----------------------------------------------------------------------------
