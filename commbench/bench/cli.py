@@ -530,8 +530,6 @@ def _kept(path: str | None, before: tuple[int, int, int] | None = None) -> str:
     """What an interrupted run left in ``path``, for its one-line message; ``before`` is the
     file's :func:`~commbench.bench.records.file_stamp` when the run began: a file this run never
     wrote holds an earlier run's points, not its own."""
-    from commbench.bench.records import file_stamp
-
     if not path:
         return ""
     if before is not None and file_stamp(path) == before:
