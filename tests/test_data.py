@@ -184,6 +184,18 @@ def test_mnist_bad_gzip_raises_value_error(tmp_path: Path) -> None:
         build_dataset("mnist", train=False, data_dir=tmp_path)
 
 
+def test_mnist_gzip_with_a_damaged_stream_raises_value_error(tmp_path: Path) -> None:
+    """A gzip header followed by bytes that do not inflate: zlib's own error, not an OSError, came
+    out of the reader (the CLI printed a traceback and exited 1)."""
+    write_mnist(tmp_path, compress=True)
+    path = tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte.gz"
+    damaged = bytearray(path.read_bytes())
+    damaged[10:13] = b"\xff\xff\xff"  # the first bytes of the deflate stream, after the 10-byte header
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(ValueError, match="cannot read .*train-images-idx3-ubyte.gz: .*decompressing"):
+        build_dataset("mnist", train=True, data_dir=tmp_path)
+
+
 # ----------------------------------------------------------------------------- CIFAR-10
 
 

@@ -11,6 +11,7 @@ import gzip
 import math
 import os
 import pickle
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,7 +203,7 @@ def _read_idx(path: Path, ndim: int) -> tuple[tuple[int, ...], bytes]:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as f:
             raw = f.read()
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:  # zlib.error: a damaged deflate stream inside the gzip
         raise ValueError(f"cannot read {path}: {e}") from e
     header = 4 + 4 * ndim
     if len(raw) < header or raw[0:2] != b"\0\0" or raw[2] != 0x08 or raw[3] != ndim:
