@@ -175,3 +175,26 @@ def test_a_plot_that_fails_after_training_is_a_note_not_a_failed_run(tmp_path, m
     assert len(rows) == 1
     assert [json.loads(line)["type"] for line in out.read_text().splitlines()][-1] == "train_summary"
     assert capsys.readouterr().err == f"commbench: plot {plot} not written: cannot save\n"
+
+
+def test_a_damaged_held_out_set_or_too_many_samples_is_refused_before_any_rank_starts(tmp_path) -> None:
+    """The check before launching read the training split alone, at its full size: a missing test
+    split, or --samples past the training split, failed inside the ranks once they had started
+    ('rank 1 failed: ValueError: ...'). Both are now one line from the CLI itself; --no-eval needs no
+    test split."""
+    from tests.test_data import write_mnist
+
+    write_mnist(tmp_path, n_train=40)
+    for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+        (tmp_path / "MNIST" / "raw" / name).unlink()
+    argv = ["train", "--strategy", "ring", "--world-size", "2", "--dataset", "mnist", "--data-dir",
+            str(tmp_path), "--batch-size", "4", "--steps-per-epoch", "1", "-q", "--no-probe"]  # fmt: skip
+    out = recorded.commbench(argv)
+    assert out.returncode == 2
+    assert out.stderr.startswith("commbench: error: expected ") and "t10k-images-idx3-ubyte" in out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    out = recorded.commbench([*argv, "--no-eval", "--samples", "41"])
+    assert out.returncode == 2
+    assert out.stderr == "commbench: error: num_samples=41 exceeds the 40 samples of mnist\n"
+    out = recorded.commbench([*argv, "--no-eval", "--samples", "40"])
+    assert out.returncode == 0, out.stderr

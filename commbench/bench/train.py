@@ -33,7 +33,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--replicate", type=int, default=1, help="repeat the training set this many times (1, 4, 8)"
     )
-    p.add_argument("--samples", type=int, default=None, help="size of the synthetic training set")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="size of the training set: the first N of mnist/cifar10 (default all), or synthetic's "
+        "(default 60000, 50000 for colour)",
+    )
     p.add_argument("--epochs", type=int, default=1, help="epochs (default 1)")
     p.add_argument("--steps-per-epoch", type=int, default=None, help="bound each epoch to this many steps")
     p.add_argument(
@@ -306,7 +312,10 @@ def cmd_train(config: Any, spec: Any) -> int:
     if config.dataset != "synthetic":  # a missing or malformed file is reported once, before launching
         from commbench.trainers.data import build_dataset
 
-        build_dataset(config.dataset, train=True, data_dir=config.data_dir)
+        # as the ranks build them: the training set at its --samples, and the held-out set they evaluate on
+        build_dataset(config.dataset, train=True, data_dir=config.data_dir, num_samples=config.samples)
+        if config.evaluate:
+            build_dataset(config.dataset, train=False, data_dir=config.data_dir)
     launch.run(_train_rank, (config, spec.device), spec)
     return 0
 
