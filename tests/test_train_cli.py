@@ -38,6 +38,11 @@ SUMMARY_KEYS = (
         (["train", "--model", "mlp", "--model-opt", "colour=red"], "colour"),
         (["train", "--dataset", "mnist"], "--data-dir"),
         (["train", "--dataset", "mnist", "--data-dir", "/nonexistent"], "/nonexistent"),
+        # The images keep their own shape: the option went unused, though the header recorded it.
+        (
+            ["train", "--dataset", "mnist", "--data-dir", "/x", "--model-opt", "input_shape=3,64,64"],
+            "model option input_shape=3,64,64 shapes synthetic images; mnist's are 1x28x28",
+        ),
         (["train", "--strategy", "none", "--world-size", "2"], "one process"),
         (["train", "--strategy", "dp"], "needs --device cuda"),
         (["train", "--epochs", "0"], "epochs"),

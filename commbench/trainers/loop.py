@@ -73,7 +73,7 @@ class TrainConfig:
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        from commbench.trainers.data import DATASETS
+        from commbench.trainers.data import DATASETS, data_shape
         from commbench.trainers.models import MODELS, check_model_options
 
         if not self.strategies:
@@ -94,6 +94,14 @@ class TrainConfig:
             on_disk = " or ".join(d for d in DATASETS if d != "synthetic")
             raise ValueError(
                 f"--data-dir is read for a dataset on disk (--dataset {on_disk}); synthetic data is generated"
+            )
+        shape = dict(self.model_options).get("input_shape")
+        if self.dataset != "synthetic" and shape is not None and tuple(shape) != data_shape(self.dataset):
+            # the images keep their own shape: the option would go unused, though the header records it
+            raise ValueError(
+                f"model option input_shape={','.join(map(str, shape))} shapes synthetic images; "
+                f"{self.dataset}'s are {'x'.join(map(str, data_shape(self.dataset)))}"
+                " (a torchvision backbone resizes them with image_size=)"
             )
         for name in ("replicate", "epochs"):
             if getattr(self, name) < 1:
