@@ -41,7 +41,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "(default 60000, 50000 for colour)",
     )
     p.add_argument("--epochs", type=int, default=1, help="epochs (default 1)")
-    p.add_argument("--steps-per-epoch", type=int, default=None, help="bound each epoch to this many steps")
+    p.add_argument(
+        "--steps-per-epoch",
+        type=int,
+        default=None,
+        help="bound each epoch to this many steps, and its held-out evaluation to as many batches a rank",
+    )
     p.add_argument(
         "--batch-size", type=int, default=64, help="per-rank batch (default 64; 0 = largest that fits, CUDA)"
     )

@@ -402,7 +402,8 @@ class Trainer:
     def evaluate(
         self, loader: DataLoader | None, max_batches: int | None
     ) -> tuple[float | None, float | None]:
-        """(mean loss, accuracy) on the held-out split, summed over ranks; (None, None) without one."""
+        """(mean loss, accuracy) on the held-out split, each rank's share of it summed over ranks, at
+        most ``max_batches`` batches a rank (the epoch's step bound); (None, None) without one."""
         if loader is None:
             return None, None
         model = self.base
