@@ -203,3 +203,19 @@ def test_a_damaged_held_out_set_or_too_many_samples_is_refused_before_any_rank_s
     assert out.stderr == "commbench: error: num_samples=41 exceeds the 40 samples of mnist\n"
     out = recorded.commbench([*argv, "--no-eval", "--samples", "40"])
     assert out.returncode == 0, out.stderr
+
+
+def test_a_one_process_strategy_under_torchrun_is_refused_without_naming_an_option_not_given(
+    monkeypatch, capsys
+) -> None:
+    """Under a launcher of two ranks, --strategy none was given a --world-size of 1 behind the user's
+    back, and refused as '--world-size 1 disagrees with the launcher's world of 2'."""
+    for key, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "9",
+    }.items():
+        monkeypatch.setenv(key, value)
+    assert main(["train", "--strategy", "none", "-q", "--no-probe"]) == 2
+    assert capsys.readouterr().err == "commbench: error: strategy none runs in one process, not on 2 ranks\n"

@@ -284,8 +284,15 @@ def _train_rank(config: Any, device: str) -> list[dict]:
 
 
 def runs_alone(args: argparse.Namespace, config: Any) -> bool:
-    """Whether the command runs as one process: no --world-size and only none, dp or vanilla-dp."""
-    return args.world_size is None and set(config.strategies) <= set(SINGLE_PROCESS)
+    """Whether the command runs as one process: no --world-size and only none, dp or vanilla-dp,
+    and no outside launcher (torchrun, SLURM), whose world is the one there is."""
+    from commbench.bench.starter import launched_externally
+
+    return (
+        args.world_size is None
+        and set(config.strategies) <= set(SINGLE_PROCESS)
+        and not launched_externally()
+    )
 
 
 def check_launch(config: Any, world_size: int, device: str) -> None:
@@ -295,7 +302,7 @@ def check_launch(config: Any, world_size: int, device: str) -> None:
 
     for s in config.strategies:
         if s in SINGLE_PROCESS and world_size > 1:
-            raise ValueError(f"strategy {s} runs in one process: use --world-size 1")
+            raise ValueError(f"strategy {s} runs in one process, not on {world_size} ranks")
         if s in CUDA_ONLY and device != "cuda":
             raise ValueError(f"strategy {s} needs --device cuda")
     if config.global_batch is not None:
