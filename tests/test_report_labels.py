@@ -129,3 +129,15 @@ def test_a_cluster_run_without_probed_points_keeps_its_per_host_table(tmp_path):
     md = (tmp_path / "out" / "report.md").read_text()
     assert "#### Per host" in md and "| whole run (cluster) | 0 | 10.0.0.1 | eth0 | 1,000 | 950 |" in md
     assert "outside tolerance" not in md  # no byte-check table without checked points
+
+
+def test_auto_is_named_by_what_it_picked_in_full():
+    """The name was cut to the column's 9 characters: auto picking naive read "auto:naiv", and a
+    segmented auto ("auto@2M") did not say what it picked at all."""
+    picked = [
+        {**_record("all_reduce", "auto", 4096, 1.0), "resolved_algorithm": "naive"},
+        {**_record("all_reduce", "auto@2M", 4096, 1.0), "resolved_algorithm": "ring"},
+        {**_record("all_reduce", "auto", 4096, 1.0), "resolved_algorithm": "rd"},
+    ]
+    names = [line.split()[-7] for line in report.table_rows(picked).splitlines()]
+    assert names == ["auto:naive", "auto:ring@2M", "auto:rd"]

@@ -42,7 +42,8 @@ def _fields(r: Any) -> dict[str, Any]:
 
 
 def table_rows(records: Sequence[Any]) -> str:
-    """One row per algorithm for one size; the size columns are printed on the first row only."""
+    """One row per algorithm for one size; the size columns are printed on the first row only. A
+    series name longer than its column is printed whole, and moves the rest of its row right."""
     lines = []
     for i, r in enumerate(map(_fields, records)):
         lead = (
@@ -52,8 +53,9 @@ def table_rows(records: Sequence[Any]) -> str:
         )
         beside = any(x["collective"] != "sendrecv" for x in map(_fields, records))
         name = "limit" if r["collective"] == "sendrecv" and beside else r["algorithm"]
-        if r["algorithm"] == "auto":
-            name = f"auto:{r['resolved_algorithm']}"[:9]
+        algorithm, at, segment = r["algorithm"].partition("@")
+        if algorithm == "auto":  # what it picked, in full: a name cut to the column read "auto:naiv"
+            name = f"auto:{r['resolved_algorithm']}{at}{segment}"
         lines.append(
             f"{lead} {name:>9} {r['time_us']:>10.1f} {r['algbw_gbps']:>11.3f} {r['busbw_gbps']:>11.3f} "
             f"{'-' if r['wrong'] is None else r['wrong']:>6} "
