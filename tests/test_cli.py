@@ -372,6 +372,20 @@ def test_summary_across_runs_gives_mean_range_and_counts_under(tmp_path, capsys)
     assert rows == ["| 1024 | 1.10 [0.80, 1.30] (1, 1 of 3) |", "| 2048 | 0.95 [0.85, 1.05] (1, 2 of 3) |"]
 
 
+def test_summary_refuses_a_file_holding_several_runs(tmp_path, capsys):
+    """Two runs joined with cat: the table was titled with the first run's ranks and command and
+    held the second run's ratios (a point both hold was taken from the last)."""
+    a = _run_file(tmp_path / "a.jsonl", 2, {1024: 1.5})
+    b = _run_file(tmp_path / "b.jsonl", 4, {1024: 0.5})
+    joined = tmp_path / "joined.jsonl"
+    joined.write_text(a.read_text() + b.read_text())
+    for argv in (["summary", str(joined)], ["summary", "--across", str(joined), str(a)]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1
+        assert f"{joined} holds 2 runs (header records at lines 1, 4)" in err
+
+
 def _send_recv_lines(busbw: dict[int, float]) -> str:
     """A send/recv sweep's JSON Lines as commbench writes them: busbw by size."""
     rows = [{"type": "header", "command": "commbench sweep --collective sendrecv"}]

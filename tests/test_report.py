@@ -123,6 +123,20 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, content, needle):
     assert needle in err and err.count("\n") == 1
 
 
+def test_a_file_holding_several_runs_is_refused(tmp_path, capsys):
+    """Two sweeps joined with cat were one run: the machine table showed the first's header alone,
+    and a point both hold came twice in one table and one plot line."""
+    point = {"collective": "all_reduce", "algorithm": "ring", "world_size": 2, "size_bytes": 4096}
+    run = [{"type": "header", "hostname": "a"}, {"type": "sweep", **point, "busbw_gbps": 1.0}]
+    text = "".join(json.dumps(r) + "\n" for r in run)
+    joined = tmp_path / "joined.jsonl"
+    joined.write_text(text + "\n" + text)
+    assert main(["report", str(joined), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{joined} holds 2 runs (header records at lines 1, 4)" in err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
 def test_a_probe_summary_without_a_mean_shows_a_dash(tmp_path):
     """st["mean"] on a summary entry holding only its max was a KeyError traceback."""
     path = tmp_path / "p.jsonl"

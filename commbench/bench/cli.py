@@ -403,7 +403,7 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
     """(header, records) of a file written by ``commbench sweep --json``; ValueError otherwise."""
     import json
 
-    from commbench.bench.records import numbered_records
+    from commbench.bench.records import check_one_run, numbered_records
 
     try:
         numbered, note = numbered_records(path)
@@ -417,6 +417,7 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
     bad = next((line for line, r in numbered if not isinstance(r, dict)), None)
     if bad is not None:
         raise ValueError(f"{path} line {bad} is not a JSON object")
+    check_one_run(path, numbered)
     records = [r for _, r in numbered]
     sweep = [r for r in records if r.get("type") == "sweep"]
     missing = next((k for r in sweep for k in SUMMARY_KEYS if k not in r), None)

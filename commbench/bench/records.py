@@ -273,6 +273,18 @@ def numbered_records(path: str | Path) -> tuple[list[tuple[int, Any]], str | Non
     return records, note
 
 
+def check_one_run(path: str | Path, numbered: list[tuple[int, Any]]) -> None:
+    """Raise ValueError where a records file (its ``(line, value)`` pairs) holds several runs, a
+    header record each: files joined with ``cat``. Read as one run, the first header named them
+    all, and a point several runs hold was taken from the last (commbench writes a file per run)."""
+    lines = [n for n, r in numbered if isinstance(r, dict) and r.get("type") == "header"]
+    if len(lines) > 1:
+        raise ValueError(
+            f"{path} holds {len(lines)} runs (header records at lines {', '.join(map(str, lines))}); "
+            "commbench writes one run a file: give each run a file of its own"
+        )
+
+
 def read_records(path: str | Path) -> tuple[list[Any], str | None]:
     """(every value of a JSON Lines file, in order; the note of :func:`complete_lines`)."""
     numbered, note = numbered_records(path)

@@ -16,7 +16,13 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from commbench.bench.records import complete_lines, exposed_comm_ms, first_line, output_path
+from commbench.bench.records import (
+    check_one_run,
+    complete_lines,
+    exposed_comm_ms,
+    first_line,
+    output_path,
+)
 from commbench.bench.signals import Interrupted
 
 MACHINE_FIELDS = (
@@ -170,7 +176,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         raise ValueError(f"cannot read {p}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ValueError(f"{p} is not a text file") from None
-    records = []
+    numbered = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -180,7 +186,9 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             raise ValueError(f"{p} is not JSON Lines: {exc.msg} at line {n}") from None
         if not isinstance(r, dict):
             raise ValueError(f"{p} line {n} is not a JSON object")
-        records.append(r)
+        numbered.append((n, r))
+    check_one_run(p, numbered)
+    records = [r for _, r in numbered]
     by: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         by.setdefault(str(r.get("type")), []).append(r)
