@@ -289,6 +289,25 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
         ("", "holds no sweep records"),
         ('{"type": "header", "command": "commbench sweep"}\n', "holds no sweep records"),
         ('{"type": "epoch", "strategy": "ring"}\n', "holds no sweep records"),
+        # a value of the wrong type: "'<' not supported between instances of 'int' and 'str'"
+        (
+            "".join(
+                json.dumps(
+                    {
+                        "type": "sweep",
+                        "collective": "all_reduce",
+                        "algorithm": "ring",
+                        "size_bytes": size,
+                        "busbw_gbps": 1.0,
+                        "busbw_ratio_to_builtin": 1.0,
+                        "frac_of_limit": None,
+                    }
+                )
+                + "\n"
+                for size in (1024, "2K")
+            ),
+            "line 2: the sweep record's 'size_bytes' is \"2K\", not a whole number",
+        ),
     ],
 )
 def test_summary_rejects_files_it_did_not_write(tmp_path, capsys, content, needle):

@@ -96,6 +96,12 @@ def test_baseline_shows_ratios(recorded, tmp_path):
     assert (out / "baseline-busbw.png").exists() and (out / "baseline-step-time.png").exists()
 
 
+_SWEEP = (
+    '{"type": "sweep", "collective": "all_reduce", "algorithm": "ring", "world_size": 2, '
+    '"size_bytes": 4096, "busbw_gbps": 1.0}\n'
+)
+
+
 @pytest.mark.parametrize(
     "content, needle",
     [
@@ -112,6 +118,17 @@ def test_baseline_shows_ratios(recorded, tmp_path):
         ('{"type": "cluster", "hosts": ["10.0.0.1"]}\n', "hosts are not a list of objects"),
         ('{"type": "probe", "summary": [1, 2]}\n', "summary is not an object"),
         ('{"type": "probe", "summary": {"gpus": [3]}}\n', "gpus are not a list of objects"),
+        # values of the wrong type: an AttributeError traceback (wire_check), or an error naming
+        # neither file nor field ("unsupported operand type(s) for *: 'NoneType' and 'float'")
+        (_SWEEP[:-2] + ', "wire_check": 5}\n', "line 1: the sweep record's 'wire_check' is 5, not text"),
+        (
+            '{"type": "bandwidth", "name": "host->host", "size_bytes": 1, "time_s": null, "gbps": 1}\n',
+            "the bandwidth record's 'time_s' is null, not a number",
+        ),
+        (
+            '{"type": "header"}\n{"type": "cluster", "hosts": [{"tx_bytes": "a"}]}\n',
+            "line 2: the cluster record's host 'tx_bytes' is \"a\", not a whole number",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, content, needle):

@@ -404,6 +404,7 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
     import json
 
     from commbench.bench.records import check_one_run, numbered_records
+    from commbench.bench.reporting import check_record
 
     try:
         numbered, note = numbered_records(path)
@@ -418,6 +419,8 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
     if bad is not None:
         raise ValueError(f"{path} line {bad} is not a JSON object")
     check_one_run(path, numbered)
+    for line, r in numbered:
+        check_record(path, line, r)
     records = [r for _, r in numbered]
     sweep = [r for r in records if r.get("type") == "sweep"]
     missing = next((k for r in sweep for k in SUMMARY_KEYS if k not in r), None)

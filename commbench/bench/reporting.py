@@ -195,18 +195,13 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     known = ("sweep", "epoch", "train_summary", "probe", "cluster", "bandwidth")
     if not any(by.get(k) for k in known):
         raise ValueError(f"{p} holds no commbench records (sweep, epoch, train_summary, probe or bandwidth)")
-    for kind, keys in (
-        ("sweep", ("collective", "algorithm", "world_size", "size_bytes", "busbw_gbps")),
-        ("train_summary", ("strategy", "world_size", "step_time_ms", "images_per_s")),
-        ("epoch", ("strategy", "epoch", "step_losses")),
-        ("bandwidth", ("name", "size_bytes", "time_s", "gbps")),
-    ):
+    for kind, keys in REQUIRED.items():
         for r in by.get(kind, []):
             missing = next((k for k in keys if k not in r), None)
             if missing:
                 raise ValueError(f"{p} has a {kind} record without {missing!r}: not written by commbench")
-    for r in records:
-        _check_shapes(p, r)
+    for n, r in numbered:
+        check_record(p, n, r)
     headers = by.get("header", [])
     if note:
         print(note, file=sys.stderr)
@@ -223,14 +218,136 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     )
 
 
-def _check_shapes(path: Path, r: dict[str, Any]) -> None:
-    """ValueError (one line) where a record's nested fields the report reads have the wrong shape:
-    hosts a list of objects, a probe's summary an object (null stands for not measured)."""
+NUMBER, WHOLE, TEXT, LIST, NUMBERS = "a number", "a whole number", "text", "a list", "a list of numbers"
+
+
+def _is(v: Any, what: str) -> bool:
+    """Whether ``v`` is ``what`` (one of NUMBER, WHOLE, TEXT, LIST, NUMBERS); a bool is no number."""
+    if what in (NUMBER, WHOLE):
+        return isinstance(v, int if what == WHOLE else int | float) and not isinstance(v, bool)
+    if what == NUMBERS:
+        return isinstance(v, list) and all(_is(x, NUMBER) for x in v)
+    return isinstance(v, str if what == TEXT else list)
+
+
+_WIRE = {
+    "computed_wire_bytes": WHOLE,
+    "measured_wire_bytes": WHOLE,
+    "wire_bytes_ratio": NUMBER,
+    "wire_expected_ratio": NUMBER,
+    "wire_check": TEXT,
+}
+_HOST = {
+    "tx_bytes": WHOLE,
+    "rx_bytes": WHOLE,
+    "computed_tx_bytes": WHOLE,
+    "computed_rx_bytes": WHOLE,
+    "cpu_user": NUMBER,
+    "cpu_system": NUMBER,
+}
+# What each field the report and summary compute with, format or group by must be where it is not
+# null (null: not measured); a record's own fields (REQUIRED) may not be null.
+VALUES: dict[str, dict[str, str]] = {
+    "header": {"command": TEXT},
+    "sweep": {
+        "collective": TEXT,
+        "algorithm": TEXT,
+        "world_size": WHOLE,
+        "size_bytes": WHOLE,
+        "busbw_gbps": NUMBER,
+        "backend": TEXT,
+        "device": TEXT,
+        "dtype": TEXT,
+        "op": TEXT,
+        "block": WHOLE,
+        "root": WHOLE,
+        "time_us": NUMBER,
+        "algbw_gbps": NUMBER,
+        "busbw_ratio_to_builtin": NUMBER,
+        "frac_of_limit": NUMBER,
+        "wrong": WHOLE,
+        **_WIRE,
+    },
+    "epoch": {
+        "strategy": TEXT,
+        "epoch": WHOLE,
+        "step_losses": NUMBERS,
+        "time_s": NUMBER,
+        "images_per_s": NUMBER,
+        "loss": NUMBER,
+        "eval_loss": NUMBER,
+        "accuracy": NUMBER,
+        **_WIRE,
+    },
+    "train_summary": {
+        "strategy": TEXT,
+        "world_size": WHOLE,
+        "step_time_ms": NUMBER,
+        "images_per_s": NUMBER,
+        "model": TEXT,
+        "batch_size": WHOLE,
+        "data_ms": NUMBER,
+        "forward_ms": NUMBER,
+        "backward_ms": NUMBER,
+        "exposed_comm_ms": NUMBER,
+        "optimizer_ms": NUMBER,
+        "comm_ms": NUMBER,
+        "hidden_comm_fraction": NUMBER,
+        "first_epoch_time_s": NUMBER,
+        "later_epoch_time_s": NUMBER,
+        "final_loss": NUMBER,
+        "final_accuracy": NUMBER,
+        "trainable_params": NUMBER,
+        "grad_bytes_per_epoch": NUMBER,
+        "wire_bytes_per_rank_per_epoch": NUMBERS,
+        "step_time_ratio_to_ddp": NUMBER,
+    },
+    "bandwidth": {
+        "name": TEXT,
+        "size_bytes": WHOLE,
+        "time_s": NUMBER,
+        "gbps": NUMBER,
+        "expected_gbps": NUMBER,
+        "limit_gbps": NUMBER,
+        "limit_source": TEXT,
+    },
+    "probe": {"samples": LIST, "nvml": TEXT, "wall_s": NUMBER, "overhead_core_fraction": NUMBER},
+}
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "sweep": ("collective", "algorithm", "world_size", "size_bytes", "busbw_gbps"),
+    "train_summary": ("strategy", "world_size", "step_time_ms", "images_per_s"),
+    "epoch": ("strategy", "epoch", "step_losses"),
+    "bandwidth": ("name", "size_bytes", "time_s", "gbps"),
+}
+
+
+def check_record(path: str | Path, line: int, r: dict[str, Any]) -> None:
+    """ValueError (one line, naming the file, line and field) where a field the report or summary
+    reads has the wrong type or shape: hosts a list of objects, a probe's summary an object,
+    numbers numbers. Formatted as found, such a value made a traceback or an error naming no field."""
     kind = r.get("type")
+
+    def refuse(where: str, field: str, value: Any, what: str) -> None:
+        shown = json.dumps(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise ValueError(
+            f"{path} line {line}: {where} {field!r} is {shown}, not {what}: not written by commbench"
+        )
+
+    for field, what in VALUES.get(str(kind), {}).items():
+        value = r.get(field)
+        if value is None and field in REQUIRED.get(str(kind), ()) and field in r:
+            refuse(f"the {kind} record's", field, value, what)
+        if value is not None and not _is(value, what):
+            refuse(f"the {kind} record's", field, value, what)
     hosts = r.get("hosts")
     if kind in ("sweep", "epoch", "cluster") and hosts is not None:
         if not isinstance(hosts, list) or not all(isinstance(h, dict) for h in hosts):
             raise ValueError(f"{path} has a {kind} record whose hosts are not a list of objects")
+        for h in hosts:
+            for field, what in _HOST.items():
+                if h.get(field) is not None and not _is(h[field], what):
+                    refuse(f"the {kind} record's host", field, h[field], what)
     summary = r.get("summary")
     if kind == "probe" and summary is not None:
         if not isinstance(summary, dict):
