@@ -227,6 +227,20 @@ def test_a_run_that_cannot_profile_leaves_no_directory(tmp_path, monkeypatch, ca
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_py_spy_that_cannot_run_is_one_line_and_leaves_no_directory(tmp_path, monkeypatch, capsys):
+    """An executable py-spy the kernel refuses (an empty file: "Exec format error") was an OSError:
+    exit 1, and the directories made for the profiles left behind."""
+    broken = tmp_path / "bin" / "py-spy"
+    broken.parent.mkdir()
+    broken.write_bytes(b"")
+    broken.chmod(0o755)
+    monkeypatch.setattr(profile, "find_py_spy", lambda: str(broken))
+    assert main(["profile", "-o", str(tmp_path / "a" / "prof"), "--", "sweep", "--world-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"py-spy at {broken} cannot run: Exec format error" in err and err.count("\n") == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["bin"]
+
+
 def _fake_py_spy(where: Path) -> str:
     """A py-spy that attaches for the check (dump) but whose recorders fail, as py-spy's would."""
     where.mkdir(exist_ok=True)

@@ -182,6 +182,8 @@ def check_py_spy(py_spy: str | None) -> None:
         )
     except subprocess.TimeoutExpired:
         raise ValueError("py-spy did not answer within 30 s when attaching to a test process") from None
+    except OSError as exc:  # there, but not a program this machine runs (a broken install)
+        raise ValueError(f"py-spy at {py_spy} cannot run: {exc.strerror or exc}") from None
     finally:
         target.kill()
         target.wait()
