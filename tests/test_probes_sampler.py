@@ -56,6 +56,23 @@ def test_summary_and_json_have_nulls_where_not_measured():
     assert doc["markers"][0]["label"] == "a" and len(doc["samples"]) == len(tl.samples)
 
 
+def test_the_stretch_after_the_last_tick_is_sampled_at_stop():
+    """Ticks came only on the interval's grid: the end of a run, up to a whole interval (60 s at
+    the longest --probe-interval), was in no sample, and a run shorter than its interval had none."""
+    s = Sampler(0.2, nic="lo").start()
+    time.sleep(0.35)
+    tl = s.stop()
+    assert len(tl.samples) <= 2  # the tick at 0.2 s (unless a loaded machine held it past stop)
+    assert 0.33 <= tl.samples[-1].t_s <= tl.wall_s and tl.samples[-1].nic_tx_bytes_per_s is not None
+    s = Sampler(1.0, nic="lo").start()
+    time.sleep(0.6)
+    (last,) = s.stop().samples
+    assert last.t_s >= 0.55 and last.rss_bytes > 0
+    s = Sampler(1.0, nic="lo").start()  # under half an interval: no tick of a few clock ticks
+    time.sleep(0.1)
+    assert s.stop().samples == ()
+
+
 def test_gpu_counters_unwrap_across_ticks_and_markers():
     # gen3 x8 (7.9 GB/s) needs 0.55 s between two readings to wrap 2^32 twice: no note on a 20 ms
     # grid, however loaded the machine (gen5 x16 would need only 68 ms).

@@ -339,7 +339,8 @@ class _Point:
 
 
 class Sampler:
-    """Samples host and GPU state every ``interval_s`` in one daemon thread.
+    """Samples host and GPU state every ``interval_s`` in one daemon thread, and once more at stop
+    where at least half an interval has passed since the last tick.
 
     Use ``start()`` / ``mark(label)`` / ``stop() -> Timeline``, or ``with Sampler(...) as s:`` and
     read ``s.timeline`` afterwards. ``nvml`` is an open :class:`Nvml` (or None: no GPU columns);
@@ -448,6 +449,11 @@ class Sampler:
                 now = time.monotonic()
                 if deadline < now:  # fell behind (a slow read): skip the missed ticks
                     deadline = now + self.interval_s
+            # The stretch since the last tick, up to an interval long, is the end of the run (where
+            # it was stopped, if it was): one more tick at stop, unless it is under half an interval,
+            # where rates are mostly the granularity of the clocks they come from.
+            if time.monotonic() - prev.t >= self.interval_s / 2:
+                self._samples.append(self._tick(prev)[1])
         except BaseException as exc:  # reported by stop(), in the caller's thread
             self._error = exc
         finally:
