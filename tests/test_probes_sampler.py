@@ -170,6 +170,32 @@ def test_a_failed_or_backwards_gpu_counter_read_is_not_measured_rather_than_zero
     assert s._notes() == ("GPU 0 nvlink_rx counter went backwards 1 time(s); those ticks are lost",)
 
 
+def test_a_tick_across_a_reset_that_a_mark_saw_is_not_measured():
+    """Only a reset the tick itself read made its rate None: one a mark read in between gave the
+    tick a rate short of the bytes lost in the reset, where the interface's tick had none."""
+    module = FakeNvmlModule([FakeDevice(pcie_max_gen=3, pcie_max_width=8)])
+    dev = module.devices[0]
+    s = Sampler(INTERVAL, nvml=Nvml.open(module))  # driven tick by tick, without its thread
+    point = s._point()
+    dev.set_field(fk.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 10**6)
+    time.sleep(0.01)
+    point, sample = s._tick(point)
+    assert sample.gpus[0].nvlink_rx_bytes_per_s > 0
+    dev.set_field(fk.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 2 * 10**6)
+    s._thread = object()  # mark() wants a started sampler; this one is driven by hand
+    s.mark("before the reset")
+    dev.set_field(fk.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 5)  # reset: the driver reloaded
+    s.mark("after the reset")
+    dev.set_field(fk.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 10)
+    time.sleep(0.01)
+    point, sample = s._tick(point)
+    assert sample.gpus[0].nvlink_rx_bytes_per_s is None
+    assert sample.gpus[0].nvlink_tx_bytes_per_s == 0  # the other counters are still measured
+    time.sleep(0.01)
+    point, sample = s._tick(point)  # the tick after counts on
+    assert sample.gpus[0].nvlink_rx_bytes_per_s == 0
+
+
 def test_a_tick_reads_the_counters_once():
     """The tick read every counter twice (once in the gauges' read, thrown away, then again)."""
     module = FakeNvmlModule([FakeDevice()])

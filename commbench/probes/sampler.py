@@ -336,6 +336,7 @@ class _Point:
     nic: host.NicCounters | None
     nic_resets: int
     gpus: tuple[GpuTotals, ...]
+    gpu_resets: tuple[int, ...]  # each GPU counter's resets so far, in the order of Sampler._accum
 
 
 class Sampler:
@@ -477,7 +478,16 @@ class Sampler:
         with self._lock:
             t, nic, gpus = self._read_counters()
             resets = self._nic.resets if self._nic is not None else 0
-        return _Point(t=t, machine=machine, process=process, nic=nic, nic_resets=resets, gpus=gpus)
+            gpu_resets = tuple(acc.resets for acc in self._accum.values())
+        return _Point(
+            t=t,
+            machine=machine,
+            process=process,
+            nic=nic,
+            nic_resets=resets,
+            gpus=gpus,
+            gpu_resets=gpu_resets,
+        )
 
     def _tick(self, prev: _Point) -> tuple[_Point, Sample]:
         # Gauges only: the counters are read once, under the lock, by _point.
@@ -489,8 +499,15 @@ class Sampler:
         def rate(a: int | None, b: int | None) -> float | None:
             return None if a is None or b is None or dt <= 0 else (b - a) / dt
 
+        # A counter that went backwards in between (seen by a mark, or by this tick) lost bytes:
+        # its rate is not measured, as the interface's is not, rather than short of them.
+        went_back = {
+            key for key, a, b in zip(self._accum, prev.gpu_resets, point.gpu_resets, strict=True) if a != b
+        }
         gpus = []
         for d, before, now in zip(self._devices, prev.gpus, point.gpus, strict=True):
+            lost = {f"{name}_bytes": None for index, name in went_back if index == d.index}
+            before = dataclasses.replace(before, **lost)
             r = readings[d.index]
             tx, rx = (
                 rate(before.pcie_tx_bytes, now.pcie_tx_bytes),
