@@ -154,6 +154,20 @@ def test_a_file_holding_several_runs_is_refused(tmp_path, capsys):
     assert err.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
+def test_runs_of_files_named_alike_get_labels_of_their_own(tmp_path):
+    """x/a and y/a were labelled by their place (a-1, a-2), and a file called a-2 beside them kept
+    its own name: two runs in the report were both "a-2"."""
+    record = json.loads(_SWEEP)
+    paths = [tmp_path / "x" / "a.jsonl", tmp_path / "y" / "a.jsonl", tmp_path / "x" / "a-2.jsonl"]
+    for world, path in enumerate(paths, 2):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps({**record, "world_size": world}) + "\n")
+    assert main(["report", *map(str, paths), "-o", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    runs = [line[3:] for line in md.splitlines() if line.startswith("## ") and line != "## Machine"]
+    assert len(runs) == 3 and len(set(runs)) == 3 and runs[2] == "a-2"
+
+
 def test_a_probe_summary_without_a_mean_shows_a_dash(tmp_path):
     """st["mean"] on a summary entry holding only its max was a KeyError traceback."""
     path = tmp_path / "p.jsonl"

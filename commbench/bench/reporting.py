@@ -1011,12 +1011,19 @@ def build(config: ReportConfig) -> tuple[Path, Path]:
 
 
 def _load_all(paths: Sequence[str], prefix: str = "") -> list[Run]:
-    labels = [Path(p).stem for p in paths]
-    runs = []
-    for i, p in enumerate(paths):
-        label = labels[i] if labels.count(labels[i]) == 1 else f"{labels[i]}-{i + 1}"
-        runs.append(load_run(p, prefix + label))
-    return runs
+    """The runs of ``paths``, each labelled by its file's stem; stems that several files share get
+    a number, one not already another file's label (x/a, y/a and a-2 were a-1, a-2 and a-2)."""
+    stems = [Path(p).stem for p in paths]
+    labels: list[str] = []
+    for i, stem in enumerate(stems):
+        label, n = stem, i + 1
+        if stems.count(stem) > 1:
+            label = f"{stem}-{n}"
+            while label in stems or label in labels:
+                n += 1
+                label = f"{stem}-{n}"
+        labels.append(label)
+    return [load_run(p, prefix + label) for p, label in zip(paths, labels, strict=True)]
 
 
 def add_parser(sub: Any) -> None:
