@@ -49,6 +49,31 @@ def test_sub_spans_tile_their_span(start, length, parts):
     assert all(a[1] == b[0] for a, b in zip(subs, subs[1:], strict=False))
 
 
+@given(start=st.integers(0, 100), length=st.integers(0, 1000), parts=st.integers(1, 16), data=st.data())
+def test_a_sub_span_is_that_span_of_the_whole_split(start, length, parts, data):
+    index = data.draw(st.integers(0, parts - 1))
+    a, b = split(length, parts)[index]
+    assert sub_span((start, start + length), parts, index) == (start + a, start + b)
+
+
+def test_a_sub_span_is_worked_out_alone_not_from_the_whole_split():
+    """A ring's schedule takes one sub_span per segment: building the whole split for each made it
+    quadratic in the segments (2.5 s of Python for a 2-rank all_reduce of 2048 segments a chunk). One span
+    of a million takes no memory for the other 999,999 (the whole split held 64 MB)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        got = sub_span((10, 20), 1_000_000, 999_999)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == (20, 20)
+    assert peak < 100_000, peak
+    with pytest.raises(IndexError):
+        sub_span((0, 10), 4, 4)
+
+
 def test_num_segments():
     assert num_segments(0, 4, 1 << 20) == 1
     assert num_segments(1 << 18, 4, 1 << 20) == 1
