@@ -20,7 +20,7 @@ import pytest
 
 from commbench import comm
 from commbench.bench.cli import main
-from commbench.comm import tcp
+from commbench.comm import p2p, tcp
 from tests import recorded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +108,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
         (tcp.CC_ENV, "no-such-control"),
         (tcp.NOTSENT_ENV, "lots"),
         (comm.HOST_FROM_ENV, "big"),
+        (p2p.DUPLEX_ENV, "off"),  # was taken for 1 without a word
     ],
 )
 @pytest.mark.parametrize(
@@ -185,6 +186,7 @@ def test_sweep_writes_table_json_csv_and_plot(recorded_sweep, monkeypatch):
     assert header["tcp_congestion_control"]["local_connections"] == tcp.summary()["local_connections"]
     assert header["tcp_notsent_lowat"] == tcp.notsent_summary()
     assert header["gloo_cuda_host_copies_from"] == comm.stage_whole_from()
+    assert header["gloo_duplex"] is p2p.duplex_setting()
     assert header["torch_threads"] == launch._threads()  # what the rank applied (the rule: test_launch)
     assert len(records) == len(recorded.SWEEP_SIZES) * (len(recorded.SWEEP_ALGORITHMS) + 1)  # + limit
     assert {r["algorithm"] for r in records} == {*recorded.SWEEP_ALGORITHMS, "p2p"}

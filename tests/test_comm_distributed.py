@@ -440,6 +440,14 @@ def test_the_environment_moves_where_host_copies_start(monkeypatch):
         staged_whole(cuda, "ring", "gloo", big)
 
 
+def test_the_environment_turns_the_second_gloo_connection_off_and_nothing_else():
+    assert p2p.duplex_setting({}) is p2p.duplex_setting({p2p.DUPLEX_ENV: " 1 "}) is True
+    assert p2p.duplex_setting({p2p.DUPLEX_ENV: "0"}) is False
+    for bad in ("off", "false", "no", "2"):  # each was taken for 1 without a word
+        with pytest.raises(ValueError, match=rf"^\${p2p.DUPLEX_ENV}='{bad}' is not 0 .* or 1 "):
+            p2p.duplex_setting({p2p.DUPLEX_ENV: bad})
+
+
 @pytest.mark.parametrize(
     ("name", "config"),
     [("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl"), ("undefined", "cpu:gloo,cuda:nccl")],

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from commbench import comm
-from commbench.comm import tcp
+from commbench.comm import p2p, tcp
 
 
 def _cpu_model() -> str:
@@ -103,6 +103,14 @@ def _host_copies_from() -> int | str:
     return comm.NEVER if start is None else start
 
 
+def _duplex() -> bool | str:
+    """Whether a job of two gloo ranks gets one connection per direction, or the setting refused."""
+    try:
+        return p2p.duplex_setting()
+    except ValueError:
+        return "invalid: " + os.environ.get(p2p.DUPLEX_ENV, "")
+
+
 def machine_info(backend: str | None = None) -> dict[str, Any]:
     """Hostname, CPU, library versions, GPUs, commit and command line of this run."""
     import psutil
@@ -130,6 +138,7 @@ def machine_info(backend: str | None = None) -> dict[str, Any]:
         "tcp_congestion_control": tcp.summary(),
         "tcp_notsent_lowat": tcp.notsent_summary(),
         "gloo_cuda_host_copies_from": _host_copies_from(),
+        "gloo_duplex": _duplex(),
         "commit": commit,
         "commit_modified": modified,
         "command": _command(),

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 import torch
@@ -87,6 +87,23 @@ def _needs_batching(group: dist.ProcessGroup | None, device: torch.device) -> bo
 
 
 DUPLEX_ENV = "COMMBENCH_GLOO_DUPLEX"
+
+
+def duplex_setting(environ: Mapping[str, str] | None = None) -> bool:
+    """``$COMMBENCH_GLOO_DUPLEX``, checked: whether a job of two gloo ranks gets one connection per
+    direction (1, the default when unset) or keeps one for both (0, for comparison).
+
+    Raises:
+        ValueError: neither 0 nor 1 (one line): any other value was taken for 1 without a word.
+    """
+    value = (os.environ if environ is None else environ).get(DUPLEX_ENV, "").strip() or "1"
+    if value not in ("0", "1"):
+        raise ValueError(
+            f"${DUPLEX_ENV}={value!r} is not 0 (one connection for both directions) or 1 (one per direction)"
+        )
+    return value == "1"
+
+
 # group -> (its reverse-direction companion, the companion's rank of group ranks 0 and 1). Weak,
 # as is _PREPARED: a group kept alive past destroy_process_group was freed at the interpreter's
 # exit, where its gloo threads could end the rank with SIGABRT ("terminate called without an
@@ -120,14 +137,14 @@ def enable_duplex(group: dist.ProcessGroup | None) -> None:
     count ahead of the third's, and the next group that mixed them waited for one another under
     different names until the timeout. Later calls, other backends and every call where
     ``$COMMBENCH_GLOO_DUPLEX`` is 0 (one connection for both directions, for comparison) return
-    at once.
+    at once; a value other than 0 or 1 raises (:func:`duplex_setting`).
     """
     key = _resolved(group)
     if key in _COMPANIONS or dist.get_world_size(group) != 2 or backend_for(group, HOST) != "gloo":
         return
     if dist.get_world_size() != 2:
         return
-    if os.environ.get(DUPLEX_ENV, "1") == "0":
+    if not duplex_setting():
         return
     ranks = [global_rank(group, r) for r in range(2)]
     companion = dist.new_group(
