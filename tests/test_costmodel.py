@@ -185,6 +185,10 @@ def test_unknown_names_raise():
         # a whole array that ranks cannot share equally: was priced as 6.5 float32 elements a rank
         (("reduce_scatter", "ring", 4, 10, 4), {}, "count 10 is the whole (gathered) array"),
         (("all_gather", "naive", 3, 7, 4), {}, "must be a multiple of world_size 3"),
+        # a segment of no bytes: refused only where a ring had a chunk to cut (4 ranks, 10 elements)
+        (("all_reduce", "ring", 1, 10, 4), {"segment_bytes": 0}, "segment_bytes must be >= 1, got 0"),
+        (("reduce", "ring", 4, 0, 4), {"segment_bytes": -1}, "segment_bytes must be >= 1, got -1"),
+        (("broadcast", "naive", 4, 10, 4), {"segment_bytes": 0}, "segment_bytes must be >= 1, got 0"),
     ],
 )
 def test_a_call_that_cannot_be_priced_raises_at_any_size(args, kwargs, needle):

@@ -151,7 +151,7 @@ def _ring_reduce(
 
 
 def _check_call(
-    collective: str, algorithm: str, world_size: int, count: int, itemsize: int, root: int
+    collective: str, algorithm: str, world_size: int, count: int, itemsize: int, root: int, segment_bytes: int
 ) -> None:
     """ValueError for a call that cannot be priced, at any size (one rank and zero elements too)."""
     from commbench.comm import ALGORITHMS
@@ -166,6 +166,8 @@ def _check_call(
         raise ValueError(f"count must be >= 0 and itemsize >= 1, got {count} and {itemsize}")
     if not 0 <= root < world_size:
         raise ValueError(f"root must be a rank in [0, {world_size}), got {root}")
+    if segment_bytes < 1:  # refused by num_segments too, but only where a ring has a chunk to cut
+        raise ValueError(f"segment_bytes must be >= 1, got {segment_bytes}")
     if collective in ("reduce_scatter", "all_gather") and count % world_size:
         raise ValueError(
             f"{collective}: count {count} is the whole (gathered) array and must be a multiple of "
@@ -206,7 +208,7 @@ def cost(
             backend's: its ring steps are one message a step (a broadcast's chain is pipelined
             in segments of the default size).
     """
-    _check_call(collective, algorithm, world_size, count, itemsize, root)
+    _check_call(collective, algorithm, world_size, count, itemsize, root, segment_bytes)
     n, size = world_size, count * itemsize
     if algorithm == "auto":
         algorithm = tuning.choose(collective, size, n)
@@ -329,7 +331,7 @@ def scratch_bytes(
     """Bytes of scratch each rank's :class:`~commbench.comm.Workspace` holds after one call over
     gloo, input and output distinct (as a sweep calls them). ``builtin``'s memory is the
     backend's own and not counted. Arguments as for :func:`cost`."""
-    _check_call(collective, algorithm, world_size, count, itemsize, root)
+    _check_call(collective, algorithm, world_size, count, itemsize, root, segment_bytes)
     n = world_size
     if algorithm == "auto":
         algorithm = tuning.choose(collective, count * itemsize, n)
