@@ -42,8 +42,9 @@ cases = st.fixed_dictionaries(
 )
 
 
-# For the slow run: fresh random cases every time, and messages up to 24 MiB, where the ring cuts
-# each chunk into several of its default 2 MiB pipeline segments.
+# For the slow run: fresh random cases every time, and messages up to 24 MiB. Their chunks are one
+# segment of the ring's default 16 MiB each (it was 2 MiB when this was written); the ring cut into
+# many segments is test_ring_pipeline_with_many_segments's.
 large_cases = cases.filter(lambda c: c["dtype"] in ("float32", "int32")) | st.fixed_dictionaries(
     {
         "collective": st.sampled_from(sorted(ALGORITHMS)),

@@ -9,9 +9,10 @@ one message costs a round trip of about 0.3 ms): on two ranks recursive doubling
 the bytes a ring moves in one step instead of two, so it wins until the ring's pipelining pays
 (about 2 MiB, with one connection per direction: ``p2p.enable_duplex``). On four ranks the
 root's concurrent sends of ``naive`` take two steps against the ring's six and win up to about
-2 MiB for all_reduce and 1 MiB for the rooted and gathering collectives. On eight ranks (eight
-processes sharing the 2 cores) ``naive`` still wins up to about 4 MiB, and above it recursive halving-doubling
-beats the ring at every size measured, with 6 steps against 14. The "default" all_reduce row
+2 MiB for all_reduce and 1 MiB for broadcast, reduce_scatter and all_gather; reduce takes the
+binomial tree up to 16 MiB, on any number of ranks. On eight ranks (eight processes sharing the
+2 cores) ``naive`` still wins up to about 4 MiB, and above it recursive halving-doubling beats
+the ring at every size measured, with 6 steps against 14. The "default" all_reduce row
 (other world sizes, not measured) uses recursive doubling up to 1 MiB, because naive's load on
 the root grows with the world.
 """
