@@ -282,6 +282,8 @@ def _validation(case: dict[str, Any]) -> dict[str, str]:
         "root a float": lambda: comm.broadcast(torch.ones(4), src=0.0),
         "root a bool": lambda: comm.reduce(torch.ones(4), dst=True),
         "not a tensor": lambda: comm.all_reduce([1.0, 2.0]),
+        "sparse": lambda: comm.all_reduce(torch.ones(4).to_sparse(), algorithm="ring"),
+        "op a list": lambda: comm.all_reduce(torch.ones(4), op=["sum"]),
         "segment on naive": lambda: comm.all_reduce(torch.ones(4), algorithm="naive", segment_bytes=1024),
         "segment of 0": lambda: comm.broadcast(torch.ones(4), 0, algorithm="ring", segment_bytes=0),
         "segment a float": lambda: comm.all_gather(torch.empty(4 * world), torch.ones(4), segment_bytes=8.0),

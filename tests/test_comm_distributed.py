@@ -244,6 +244,8 @@ def test_bad_arguments_raise_clear_errors(worlds):
         "root a float": "src must be an integer rank, got float 0.0",
         "root a bool": "dst must be an integer rank, got True",
         "not a tensor": "must be a torch.Tensor",
+        "sparse": "ValueError: tensor must be a dense tensor, got torch.sparse_coo (call .to_dense() first)",
+        "op a list": "ValueError: unknown op ['sum']; choose from sum",
         "segment on naive": "segment_bytes applies to ring (or auto where it picks one), not 'naive'",
         "segment of 0": "segment_bytes must be a positive integer, got 0",
         "segment a float": "segment_bytes must be a positive integer, got 8.0",

@@ -101,6 +101,8 @@ def resolve(collective: str, algorithm: str, size_bytes: int, world_size: int) -
 def _check_tensor(name: str, tensor: torch.Tensor) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:  # .contiguous(), which the next refusal suggests, keeps it sparse
+        raise ValueError(f"{name} must be a dense tensor, got {tensor.layout} (call .to_dense() first)")
     if not tensor.is_contiguous():
         raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
     dtype_name(tensor.dtype)

@@ -47,7 +47,7 @@ def parse_dtype(name: str) -> torch.dtype:
 
 def check_op(op: str, dtype: torch.dtype) -> str:
     """Validate a reduction op name for a dtype and return it."""
-    if op not in _REDUCE_OPS:
+    if not isinstance(op, str) or op not in _REDUCE_OPS:  # a list raised "unhashable type: 'list'"
         raise ValueError(f"unknown op {op!r}; choose from {', '.join(OPS)}")
     dtype_name(dtype)
     if op == "avg" and not dtype.is_floating_point:
