@@ -212,6 +212,16 @@ def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
         )
     else:
         assert all("ranks disagree" in r for r in results), results
+    # in words, not codes ("rank 0 has [10, 0, 0, 2, 0, 0]" named no dtype, op or algorithm)
+    if vary == "size":
+        assert f"rank 0 has 10 elements of float32, op sum, algorithm {algorithm}, root 0" in results[0]
+        assert "rank 1 has 11 elements" in results[0] and "rank 2 has 12 elements" in results[0], results
+    elif vary == "op":
+        assert "op sum" in results[0] and "rank 1 has 10 elements of float32, op max" in results[0], results
+    elif vary == "segment":
+        assert "segment bytes default" in results[0] and "segment bytes 8" in results[0], results
+    elif vary == "local":
+        assert "rank 1 has arguments it refused" in results[0], results
 
 
 @pytest.mark.slow

@@ -150,10 +150,16 @@ def _check_device(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> None
         )
 
 
-def _agree(group: dist.ProcessGroup | None, device: torch.device | None, *fields: int) -> None:
-    """All-gather a few integers and raise on every rank if any rank disagrees. They travel in host
-    memory wherever the group moves it, and otherwise (NCCL alone) on ``device``, the tensor's,
-    or this rank's CUDA device for a rank without a valid tensor: every rank picks the same."""
+def _agree(
+    group: dist.ProcessGroup | None,
+    device: torch.device | None,
+    fields: tuple[int, ...],
+    describe: Callable[[list[int]], str] = str,
+) -> None:
+    """All-gather a few integers and raise on every rank if any rank disagrees, each rank's shown
+    by ``describe``. They travel in host memory wherever the group moves it, and otherwise (NCCL
+    alone) on ``device``, the tensor's, or this rank's CUDA device for a rank without a valid
+    tensor: every rank picks the same."""
     world = dist.get_world_size(group)
     if world == 1:
         return
@@ -168,14 +174,30 @@ def _agree(group: dist.ProcessGroup | None, device: torch.device | None, *fields
     bad = [r for r, row in enumerate(rows) if row != rows[0]]
     if bad:
         raise ValueError(
-            f"ranks disagree on (elements, dtype, op, algorithm, root, segment bytes): rank 0 has {rows[0]}, "
-            + ", ".join(f"rank {r} has {rows[r]}" for r in bad)
+            f"ranks disagree: rank 0 has {describe(rows[0])}; "
+            + "; ".join(f"rank {r} has {describe(rows[r])}" for r in bad)
         )
 
 
 _DTYPE_CODES = {d: i for i, d in enumerate(DTYPES.values())}
 _OP_CODES = {o: i for i, o in enumerate(OPS)}
 _INVALID = (-1, -1, -1, -1, -1, -1)
+
+
+def _described(collective: str) -> Callable[[list[int]], str]:
+    """What one rank's agreement fields say, in words: its call's elements, dtype, op, algorithm,
+    root and segment (the codes alone, "[10, 0, 1, 2, 0, 0]", named none of them)."""
+
+    def describe(row: list[int]) -> str:
+        if tuple(row) == _INVALID:
+            return "arguments it refused"
+        count, dtype, op, algorithm, root, segment = row
+        return (
+            f"{count} elements of {list(DTYPES)[dtype]}, op {OPS[op]}, algorithm "
+            f"{ALGORITHMS[collective][algorithm]}, root {root}, segment bytes {segment or 'default'}"
+        )
+
+    return describe
 
 
 MAX_SEGMENT_BYTES = 1 << 62
@@ -301,7 +323,7 @@ def _prepared(
         error, fields, device = exc, _INVALID, None
     if check and world > 1:
         try:
-            _agree(group, device, *fields)
+            _agree(group, device, fields, _described(collective))
         except ValueError:
             if error is None:
                 raise
