@@ -303,6 +303,33 @@ def test_a_fork_server_stuck_in_its_imports_ends_the_launch_and_the_next_gets_a_
     assert second == "0 True"
 
 
+def test_a_stuck_server_has_ended_when_the_launch_gives_up_on_it(monkeypatch):
+    """The probe's request ends as the killed server begins to exit, a moment before it has ended
+    (here its SIGKILL lands 0.3 s after the probe gives up); ready() returns only once it has, so
+    the next launch starts a new server rather than sending its request to the dying one."""
+    import threading
+
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    killed, real_kill = threading.Event(), os.kill
+
+    def kill_later(pid: int, signum: int) -> None:
+        killed.set()
+        threading.Timer(0.3, real_kill, (pid, signum)).start()
+
+    monkeypatch.setattr(starter, "READY_MIN_S", 0.1)
+    monkeypatch.setattr(starter, "start", lambda: None)
+    monkeypatch.setattr(starter, "_server_pid", lambda: server.pid)
+    monkeypatch.setattr(starter, "_probe", lambda failed: killed.wait(10))
+    monkeypatch.setattr(starter.os, "kill", kill_later)
+    try:
+        with pytest.raises(starter.ServerNotReady, match="it was stopped"):
+            starter.ready(0.1)
+        assert starter.server_gone()
+    finally:
+        server.kill()
+        server.wait()
+
+
 STOPPED_WHILE_CONNECTING = """
 import os, sys, time
 from pathlib import Path

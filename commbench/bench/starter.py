@@ -35,6 +35,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from multiprocessing import connection, forkserver, util
 from pathlib import Path
@@ -177,6 +178,11 @@ def ready(timeout_s: float = READY_MIN_S) -> None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)  # the probe's request then ends with the server
         prober.join(5.0)
+        # The probe's connection closes as the server begins to exit, a moment before it has
+        # ended; the next launch, finding it not yet ended, would send its request to it.
+        deadline = time.monotonic() + 5.0
+        while not server_gone() and time.monotonic() < deadline:
+            time.sleep(0.01)
         raise ServerNotReady(
             f"the fork server that starts the ranks (pid {pid}) had not finished importing "
             f"{', '.join(PRELOAD[1:])} after {wait_s:g} s; it was stopped"
