@@ -258,10 +258,17 @@ def _mismatch(case: dict[str, Any]) -> str:
     op = case["op"] if case["vary"] != "op" or rank == 0 else "max"
     segment = {"segment": 8, "huge segment": 1 << 70}.get(case["vary"]) if rank == 1 else None
     workspace = {} if case["vary"] == "workspace" and rank == 1 else None
+    backend_code = comm._backend_code
+    if case["vary"] == "backend" and rank == 1:
+        # a group with a backend per device where this rank's tensor is on the other device: NCCL
+        # for a CUDA tensor here (no GPU), gloo for the others' host tensors
+        comm._backend_code = lambda group, device: comm._BACKENDS.index("nccl")
     try:
         comm.all_reduce(tensor, op, case["algorithm"], segment_bytes=segment, workspace=workspace)
     except (ValueError, TypeError) as exc:
         return str(exc)
+    finally:
+        comm._backend_code = backend_code
     return "no error"
 
 

@@ -198,7 +198,8 @@ def test_a_sweep_prices_builtin_as_its_backend_runs_it(worlds, collective):
 @pytest.mark.parametrize(
     ("vary", "algorithm"),
     [(v, a) for v in ("size", "op", "local") for a in ("ring", "naive", "rd", "hd", "builtin")]
-    + [("segment", "ring"), ("segment", "auto"), ("huge segment", "ring"), ("workspace", "ring")],
+    + [("segment", "ring"), ("segment", "auto"), ("huge segment", "ring"), ("workspace", "ring")]
+    + [("backend", "ring"), ("backend", "builtin")],
 )
 def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
     results = worlds(3).run(("mismatch", {"count": 10, "op": "sum", "algorithm": algorithm, "vary": vary}))
@@ -222,6 +223,9 @@ def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
         assert "segment bytes default" in results[0] and "segment bytes 8" in results[0], results
     elif vary == "local":
         assert "rank 1 has arguments it refused" in results[0], results
+    elif vary == "backend":  # each would have waited in a backend the other never uses
+        assert "segment bytes default, backend gloo; rank 1 has" in results[0], results
+        assert results[0].endswith("segment bytes default, backend nccl"), results
 
 
 @pytest.mark.slow

@@ -181,20 +181,31 @@ def _agree(
 
 _DTYPE_CODES = {d: i for i, d in enumerate(DTYPES.values())}
 _OP_CODES = {o: i for i, o in enumerate(OPS)}
-_INVALID = (-1, -1, -1, -1, -1, -1)
+_INVALID = (-1, -1, -1, -1, -1, -1, -1)
+# the backends a rank's tensor may travel by; one named by none of these has the code len(_BACKENDS)
+_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
+
+
+def _backend_code(group: dist.ProcessGroup | None, device: torch.device) -> int:
+    """The agreement's code for the backend that moves ``group``'s tensors on ``device``. Ranks of a
+    group with a backend per device ("cpu:gloo,cuda:nccl") whose tensors are on different devices
+    would each wait in a backend the other never uses."""
+    name = p2p.backend_for(group, device)
+    return _BACKENDS.index(name) if name in _BACKENDS else len(_BACKENDS)
 
 
 def _described(collective: str) -> Callable[[list[int]], str]:
     """What one rank's agreement fields say, in words: its call's elements, dtype, op, algorithm,
-    root and segment (the codes alone, "[10, 0, 1, 2, 0, 0]", named none of them)."""
+    root, segment and backend (the codes alone, "[10, 0, 1, 2, 0, 0]", named none of them)."""
 
     def describe(row: list[int]) -> str:
         if tuple(row) == _INVALID:
             return "arguments it refused"
-        count, dtype, op, algorithm, root, segment = row
+        count, dtype, op, algorithm, root, segment, backend = row
         return (
             f"{count} elements of {list(DTYPES)[dtype]}, op {OPS[op]}, algorithm "
-            f"{ALGORITHMS[collective][algorithm]}, root {root}, segment bytes {segment or 'default'}"
+            f"{ALGORITHMS[collective][algorithm]}, root {root}, segment bytes {segment or 'default'}, "
+            f"backend {(*_BACKENDS, 'another')[backend]}"
         )
 
     return describe
@@ -316,6 +327,7 @@ def _prepared(
             algo_code,
             root,
             segment_bytes or 0,
+            _backend_code(group, tensor.device),
         )
         device = tensor.device
         staged = staged_whole(device, resolved, p2p.backend_for(group, device), size_bytes)
