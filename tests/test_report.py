@@ -168,6 +168,23 @@ def test_runs_of_files_named_alike_get_labels_of_their_own(tmp_path):
     assert len(runs) == 3 and len(set(runs)) == 3 and runs[2] == "a-2"
 
 
+def test_the_reports_sweep_table_names_what_auto_picked(tmp_path):
+    """The report's table said "auto" where the sweep's own names the pick (auto:naive); a record
+    without the pick (an older file) stays bare auto."""
+    record = json.loads(_SWEEP)
+    rows = [
+        {**record, "algorithm": "auto", "resolved_algorithm": "naive"},
+        {**record, "algorithm": "auto@2M", "resolved_algorithm": "ring", "size_bytes": 8192},
+        {**record, "algorithm": "auto", "size_bytes": 16384},
+    ]
+    path = tmp_path / "auto.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["report", str(path), "-o", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    names = [line.split("|")[2].strip() for line in md.splitlines() if re.match(r"\| \d+K \|", line)]
+    assert names == ["auto:naive", "auto:ring@2M", "auto"], names
+
+
 def test_a_probe_summary_without_a_mean_shows_a_dash(tmp_path):
     """st["mean"] on a summary entry holding only its max was a KeyError traceback."""
     path = tmp_path / "p.jsonl"

@@ -41,6 +41,14 @@ def _fields(r: Any) -> dict[str, Any]:
     return r if isinstance(r, dict) else r.__dict__
 
 
+def series_name(r: dict[str, Any]) -> str:
+    """A sweep record's algorithm as tables name it: auto with what it picked, auto:NAME[@SIZE] (a
+    record without the pick, bare auto)."""
+    algorithm, at, segment = r["algorithm"].partition("@")
+    picked = r.get("resolved_algorithm")
+    return f"auto:{picked}{at}{segment}" if algorithm == "auto" and picked else r["algorithm"]
+
+
 def table_rows(records: Sequence[Any]) -> str:
     """One row per algorithm for one size; the size columns are printed on the first row only. A
     series name longer than its column is printed whole, and moves the rest of its row right."""
@@ -52,10 +60,8 @@ def table_rows(records: Sequence[Any]) -> str:
             else " " * 38
         )
         beside = any(x["collective"] != "sendrecv" for x in map(_fields, records))
-        name = "limit" if r["collective"] == "sendrecv" and beside else r["algorithm"]
-        algorithm, at, segment = r["algorithm"].partition("@")
-        if algorithm == "auto":  # what it picked, in full: a name cut to the column read "auto:naiv"
-            name = f"auto:{r['resolved_algorithm']}{at}{segment}"
+        # what auto picked, in full: a name cut to the column read "auto:naiv"
+        name = "limit" if r["collective"] == "sendrecv" and beside else series_name(r)
         lines.append(
             f"{lead} {name:>9} {r['time_us']:>10.1f} {r['algbw_gbps']:>11.3f} {r['busbw_gbps']:>11.3f} "
             f"{'-' if r['wrong'] is None else r['wrong']:>6} "

@@ -460,6 +460,8 @@ def machine_section(runs: Sequence[Run]) -> list[Block]:
 
 def sweep_section(run: Run, plots: _Plots) -> list[Block]:
     """Per collective and world size: the nccl-tests-style table and busbw against size."""
+    from commbench.bench.report import series_name
+
     blocks: list[Block] = []
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in run.sweeps:
@@ -472,7 +474,7 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
         body = []
         beside = collectives != ["sendrecv"]  # send/recv measured as the limit of other collectives
         for r in sorted(rows, key=lambda r: (r["size_bytes"], r["collective"] == "sendrecv")):
-            algo = "limit (send/recv)" if r["collective"] == "sendrecv" and beside else r["algorithm"]
+            algo = "limit (send/recv)" if r["collective"] == "sendrecv" and beside else series_name(r)
             body.append(
                 [
                     _size(r["size_bytes"]),
