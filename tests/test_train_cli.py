@@ -218,4 +218,9 @@ def test_a_one_process_strategy_under_torchrun_is_refused_without_naming_an_opti
     }.items():
         monkeypatch.setenv(key, value)
     assert main(["train", "--strategy", "none", "-q", "--no-probe"]) == 2
-    assert capsys.readouterr().err == "commbench: error: strategy none runs in one process, not on 2 ranks\n"
+    err = capsys.readouterr().err
+    assert err == "commbench: error: strategy none runs in one process, not on 2 ranks: start one process\n"
+    monkeypatch.delenv("RANK")  # locally, the option it was given
+    assert main(["train", "--strategy", "none", "--world-size", "2", "-q", "--no-probe"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("not on 2 ranks: leave out --world-size, or give 1\n"), err

@@ -298,11 +298,15 @@ def runs_alone(args: argparse.Namespace, config: Any) -> bool:
 def check_launch(config: Any, world_size: int, device: str) -> None:
     """ValueError for strategies the launch cannot run: one-process ones on several ranks, CUDA-only
     ones or the batch search off CUDA (also what a study checks of each run before it starts)."""
+    from commbench.bench.starter import launched_externally
     from commbench.trainers.sync import CUDA_ONLY
 
     for s in config.strategies:
         if s in SINGLE_PROCESS and world_size > 1:
-            raise ValueError(f"strategy {s} runs in one process, not on {world_size} ranks")
+            raise ValueError(
+                f"strategy {s} runs in one process, not on {world_size} ranks: "
+                + ("start one process" if launched_externally() else "leave out --world-size, or give 1")
+            )
         if s in CUDA_ONLY and device != "cuda":
             raise ValueError(f"strategy {s} needs --device cuda")
     if config.global_batch is not None:
