@@ -221,6 +221,23 @@ def test_a_one_process_run_without_a_world_size_is_one_rank_as_the_cli_runs_it(t
     study.validate(study.plan(study.load_study("solo", tmp_path), "default", tmp_path / "out")[:1])
 
 
+def test_a_one_process_run_under_an_outer_launcher_of_one_is_checked_against_its_world(tmp_path, monkeypatch):
+    """Under torchrun with one process, the runs join its world of 1 (commbench train --strategy
+    none runs there); the check took the default world of 2 and refused the study. A world of 2
+    is refused, named as the launcher's."""
+    solo = 'title = "t"\nreference = "r"\nabout = "a"\n'
+    solo += '[[group]]\noptions = { strategies = "none", model = "mlp" }\n'
+    (tmp_path / "solo.toml").write_text(solo)
+    runs = study.plan(study.load_study("solo", tmp_path), "default", tmp_path / "out")[:1]
+    outer = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9"}
+    for key, value in outer.items():
+        monkeypatch.setenv(key, value)
+    study.validate(runs)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match="runs in one process, not on 3 ranks: start one process"):
+        study.validate(runs)
+
+
 def test_unknown_study_lists_the_known_ones(capsys):
     assert main(["study", "no-such-study"]) == 2
     err = capsys.readouterr().err

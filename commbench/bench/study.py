@@ -428,7 +428,7 @@ def plan(study: Study, scale: str, out_dir: str | Path, cluster_ok: bool = True)
 def validate(planned: Sequence[Planned]) -> list[Planned]:
     """Parse every planned command line as the CLI would, and build its config (ValueError if
     bad); returns the runs that ask for ``--device cuda``."""
-    from commbench.bench import cli
+    from commbench.bench import cli, starter
 
     cli.check_environment()  # every run would refuse it on its own
     parser = cli.build_parser()
@@ -450,6 +450,8 @@ def validate(planned: Sequence[Planned]) -> list[Planned]:
                     config = train.train_config(args)
                     if train.runs_alone(args, config):
                         world = 1  # as the CLI runs none, dp and vanilla-dp alone
+                    elif getattr(args, "world_size", None) is None and starter.launched_externally():
+                        world = cli.external_rank_and_world()[1]  # the runs join the outer launcher's world
                     train.check_launch(config, world, args.device)
                 elif args.command == "sweep":
                     cli.sweep_config(args)
