@@ -264,7 +264,10 @@ def _mismatch(case: dict[str, Any]) -> str:
         # for a CUDA tensor here (no GPU), gloo for the others' host tensors
         comm._backend_code = lambda group, device: comm._BACKENDS.index("nccl")
     try:
-        comm.all_reduce(tensor, op, case["algorithm"], segment_bytes=segment, workspace=workspace)
+        if case["vary"] == "collective" and rank == 1:  # its algorithm codes are another table's
+            comm.all_gather(torch.empty(tensor.numel() * dist.get_world_size()), tensor, "builtin")
+        else:
+            comm.all_reduce(tensor, op, case["algorithm"], segment_bytes=segment, workspace=workspace)
     except (ValueError, TypeError) as exc:
         return str(exc)
     finally:

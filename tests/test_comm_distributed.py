@@ -199,7 +199,7 @@ def test_a_sweep_prices_builtin_as_its_backend_runs_it(worlds, collective):
     ("vary", "algorithm"),
     [(v, a) for v in ("size", "op", "local") for a in ("ring", "naive", "rd", "hd", "builtin")]
     + [("segment", "ring"), ("segment", "auto"), ("huge segment", "ring"), ("workspace", "ring")]
-    + [("backend", "ring"), ("backend", "builtin")],
+    + [("backend", "ring"), ("backend", "builtin"), ("collective", "hd"), ("collective", "auto")],
 )
 def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
     results = worlds(3).run(("mismatch", {"count": 10, "op": "sum", "algorithm": algorithm, "vary": vary}))
@@ -215,14 +215,21 @@ def test_mismatched_calls_raise_on_every_rank(worlds, vary, algorithm):
         assert all("ranks disagree" in r for r in results), results
     # in words, not codes ("rank 0 has [10, 0, 0, 2, 0, 0]" named no dtype, op or algorithm)
     if vary == "size":
-        assert f"rank 0 has 10 elements of float32, op sum, algorithm {algorithm}, root 0" in results[0]
-        assert "rank 1 has 11 elements" in results[0] and "rank 2 has 12 elements" in results[0], results
+        first = f"rank 0 has all_reduce, 10 elements of float32, op sum, algorithm {algorithm}, root 0"
+        assert first in results[0], results
+        assert "rank 1 has all_reduce, 11 elements" in results[0], results
+        assert "rank 2 has all_reduce, 12 elements" in results[0], results
     elif vary == "op":
-        assert "op sum" in results[0] and "rank 1 has 10 elements of float32, op max" in results[0], results
+        assert "op sum" in results[0], results
+        assert "rank 1 has all_reduce, 10 elements of float32, op max" in results[0], results
     elif vary == "segment":
         assert "segment bytes default" in results[0] and "segment bytes 8" in results[0], results
     elif vary == "local":
         assert "rank 1 has arguments it refused" in results[0], results
+    elif vary == "collective":  # each named from its own collective's table (hd: an IndexError before)
+        for r in (0, 2):
+            assert f"all_reduce, 10 elements of float32, op sum, algorithm {algorithm}," in results[r]
+            assert "rank 1 has all_gather, 10 elements of float32, op sum, algorithm builtin," in results[r]
     elif vary == "backend":  # each would have waited in a backend the other never uses
         assert "segment bytes default, backend gloo; rank 1 has" in results[0], results
         assert results[0].endswith("segment bytes default, backend nccl"), results

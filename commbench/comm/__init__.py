@@ -1,12 +1,13 @@
 """Hand-written collectives over torch.distributed send/recv, beside the backend's own.
 
 The API mirrors torch.distributed's tensor forms with an ``algorithm`` keyword. Every call
-validates its arguments locally; with ``check=True`` (the default) the ranks also compare sizes,
-dtype, op and algorithm in one small metadata all-gather, so a mismatch raises on every rank
-instead of hanging. Benchmarks pass ``check=False``. Callers that repeat collectives pass a
-:class:`Workspace` so scratch memory is allocated once, not on every call. ``segment_bytes``
-sets the pipeline segment of the algorithms in :data:`SEGMENTED` (default
-``ring.SEGMENT_BYTES``); other algorithms refuse it, and ``auto`` passes it on where it picks one.
+validates its arguments locally; with ``check=True`` (the default) the ranks also compare their
+calls (collective, size, dtype, op, algorithm, root, segment and backend) in one small metadata
+all-gather, so a mismatch raises on every rank instead of hanging. Benchmarks pass
+``check=False``. Callers that repeat collectives pass a :class:`Workspace` so scratch memory is
+allocated once, not on every call. ``segment_bytes`` sets the pipeline segment of the algorithms
+in :data:`SEGMENTED` (default ``ring.SEGMENT_BYTES``); other algorithms refuse it, and ``auto``
+passes it on where it picks one.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def _agree(
 
 _DTYPE_CODES = {d: i for i, d in enumerate(DTYPES.values())}
 _OP_CODES = {o: i for i, o in enumerate(OPS)}
-_INVALID = (-1, -1, -1, -1, -1, -1, -1)
+_INVALID = (-1,) * 8
 # the backends a rank's tensor may travel by; one named by none of these has the code len(_BACKENDS)
 _BACKENDS = ("gloo", "nccl", "mpi", "ucc")
 
@@ -194,21 +195,19 @@ def _backend_code(group: dist.ProcessGroup | None, device: torch.device) -> int:
     return _BACKENDS.index(name) if name in _BACKENDS else len(_BACKENDS)
 
 
-def _described(collective: str) -> Callable[[list[int]], str]:
-    """What one rank's agreement fields say, in words: its call's elements, dtype, op, algorithm,
-    root, segment and backend (the codes alone, "[10, 0, 1, 2, 0, 0]", named none of them)."""
-
-    def describe(row: list[int]) -> str:
-        if tuple(row) == _INVALID:
-            return "arguments it refused"
-        count, dtype, op, algorithm, root, segment, backend = row
-        return (
-            f"{count} elements of {list(DTYPES)[dtype]}, op {OPS[op]}, algorithm "
-            f"{ALGORITHMS[collective][algorithm]}, root {root}, segment bytes {segment or 'default'}, "
-            f"backend {(*_BACKENDS, 'another')[backend]}"
-        )
-
-    return describe
+def _describe(row: list[int]) -> str:
+    """What one rank's agreement fields say, in words: its call's collective, elements, dtype, op,
+    algorithm, root, segment and backend (the codes alone, "[10, 0, 1, 2, 0, 0]", named none of
+    them; and a code read in another rank's collective's table named the wrong algorithm, or none)."""
+    if tuple(row) == _INVALID:
+        return "arguments it refused"
+    collective, count, dtype, op, algorithm, root, segment, backend = row
+    name = COLLECTIVES[collective]
+    return (
+        f"{name}, {count} elements of {list(DTYPES)[dtype]}, op {OPS[op]}, algorithm "
+        f"{ALGORITHMS[name][algorithm]}, root {root}, segment bytes {segment or 'default'}, "
+        f"backend {(*_BACKENDS, 'another')[backend]}"
+    )
 
 
 MAX_SEGMENT_BYTES = 1 << 62
@@ -321,6 +320,7 @@ def _prepared(
         impl = _IMPLS[collective][resolved]
         algo_code = list(ALGORITHMS[collective]).index(algorithm)
         fields = (
+            COLLECTIVES.index(collective),
             tensor.numel(),
             _DTYPE_CODES[tensor.dtype],
             _OP_CODES[op],
@@ -335,7 +335,7 @@ def _prepared(
         error, fields, device = exc, _INVALID, None
     if check and world > 1:
         try:
-            _agree(group, device, fields, _described(collective))
+            _agree(group, device, fields, _describe)
         except ValueError:
             if error is None:
                 raise
