@@ -138,6 +138,8 @@ def test_auto_is_named_by_what_it_picked_in_full():
         {**_record("all_reduce", "auto", 4096, 1.0), "resolved_algorithm": "naive"},
         {**_record("all_reduce", "auto@2M", 4096, 1.0), "resolved_algorithm": "ring"},
         {**_record("all_reduce", "auto", 4096, 1.0), "resolved_algorithm": "rd"},
+        {**_record("all_reduce", "auto@2M", 4096, 1.0), "resolved_algorithm": "rd"},
     ]
     names = [line.split()[-7] for line in report.table_rows(picked).splitlines()]
-    assert names == ["auto:naive", "auto:ring@2M", "auto:rd"]
+    # rd picked by auto@2M runs unsegmented: no 2M in its name
+    assert names == ["auto:naive", "auto:ring@2M", "auto:rd", "auto:rd"]

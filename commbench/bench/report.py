@@ -42,11 +42,16 @@ def _fields(r: Any) -> dict[str, Any]:
 
 
 def series_name(r: dict[str, Any]) -> str:
-    """A sweep record's algorithm as tables name it: auto with what it picked, auto:NAME[@SIZE] (a
-    record without the pick, bare auto)."""
+    """A sweep record's algorithm as tables name it: auto with what it picked, auto:NAME, and the
+    segment where the pick is segmented (auto@64K picking the ring: auto:ring@64K; picking rd,
+    which runs unsegmented: auto:rd). A record without the pick: its algorithm as given."""
+    from commbench.comm import SEGMENTED
+
     algorithm, at, segment = r["algorithm"].partition("@")
     picked = r.get("resolved_algorithm")
-    return f"auto:{picked}{at}{segment}" if algorithm == "auto" and picked else r["algorithm"]
+    if algorithm != "auto" or not picked:
+        return r["algorithm"]
+    return f"auto:{picked}{at}{segment}" if picked in SEGMENTED else f"auto:{picked}"
 
 
 def table_rows(records: Sequence[Any]) -> str:
