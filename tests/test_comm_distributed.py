@@ -42,9 +42,10 @@ cases = st.fixed_dictionaries(
 )
 
 
-# For the slow run: fresh random cases every time, and messages up to 24 MiB. Their chunks are one
-# segment of the ring's default 16 MiB each (it was 2 MiB when this was written); the ring cut into
-# many segments is test_ring_pipeline_with_many_segments's.
+# For the slow run: fresh random cases every time, and messages up to 24 MiB. At the ring's default
+# segment of 16 MiB (it was 2 MiB when this was written) a chunk is one segment, and the ring
+# broadcast, which cuts the whole message, two at most; the ring cut into many segments is
+# test_ring_pipeline_with_many_segments's.
 large_cases = cases.filter(lambda c: c["dtype"] in ("float32", "int32")) | st.fixed_dictionaries(
     {
         "collective": st.sampled_from(sorted(ALGORITHMS)),
