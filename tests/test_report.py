@@ -129,6 +129,17 @@ _SWEEP = (
             '{"type": "header"}\n{"type": "cluster", "hosts": [{"tx_bytes": "a"}]}\n',
             "line 2: the cluster record's host 'tx_bytes' is \"a\", not a whole number",
         ),
+        (
+            '{"type": "epoch", "strategy": "ring", "epoch": 0, "step_losses": [1, "x"]}\n',
+            "the epoch record's 'step_losses' is [1, \"x\"], not a list of numbers",
+        ),
+        (
+            '{"type": "train_summary", "strategy": "ring", "world_size": 2, "step_time_ms": 1, '
+            '"images_per_s": true}\n',
+            "the train_summary record's 'images_per_s' is true, not a number",
+        ),
+        ('{"type": "probe", "samples": {}}\n', "the probe record's 'samples' is {}, not a list"),
+        ('{"type": "header", "command": 3}\n' + _SWEEP, "line 1: the header record's 'command' is 3, not"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, content, needle):
