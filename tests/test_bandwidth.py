@@ -148,3 +148,16 @@ def test_an_error_after_the_first_kind_leaves_it_in_the_file(tmp_path, monkeypat
         bandwidth.run(build_parser().parse_args(["bandwidth", "--size", "4K", "--json", str(out)]))
     header, record = read_jsonl(out)
     assert header["type"] == "header" and record["name"] == "kind0" and record["size_bytes"] == 4096
+
+
+def test_help_names_the_copies_each_device_measures(capsys):
+    """The command list said "host, and host<->device on CUDA": a CUDA run has no host->host copy, and
+    its device->device copy went unmentioned."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    summary = " ".join(capsys.readouterr().out.split())
+    assert "host memory on CPU; host<->device (pinned, pageable) and device->device on CUDA" in summary
+    with pytest.raises(SystemExit):
+        main(["bandwidth", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "On CPU: host->host" in text and "and device->device" in text and "counted once" in text

@@ -59,9 +59,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``commbench bandwidth`` on the CLI's subparsers."""
     p = subparsers.add_parser(
         "bandwidth",
-        help="local copy bandwidth (host, and host<->device on CUDA) against the link's maximum",
-        description="Time memory copies and print measured, expected and limit GB/s (10^9 bytes/s). "
-        "On CUDA the limit is the PCIe generation x width NVML reports.",
+        help="copy bandwidth: host memory on CPU; host<->device (pinned, pageable) and device->device on "
+        "CUDA, against the link's maximum",
+        description="Time memory copies and print measured, expected and limit GB/s (10^9 bytes/s, "
+        "each copied byte counted once; the time is the median of --iters copies). On CPU: "
+        "host->host. On CUDA: host->device and device->host from pinned and pageable memory, and "
+        "device->device; the limit is the PCIe generation x width NVML reports.",
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to copy (default cpu)")
     p.add_argument(
