@@ -150,3 +150,15 @@ def test_cuda_copies_and_flops():
     seconds, rate = burn_flops(1e10, torch.device("cuda"))
     n, reps = matmul_plan(1e10, "cuda")
     assert seconds > 0 and rate == pytest.approx(reps * 2 * n**3 / seconds)
+
+
+@pytest.mark.gpu
+def test_timing_events_are_made_before_they_are_handed_out():
+    """torch makes an event on its first record: one made there, after the timed work, put its
+    host call between the work and the stamp that ends it."""
+    from commbench.kernels.events import timing_events
+
+    fresh = torch.cuda.Event(enable_timing=True)
+    assert fresh.cuda_event == 0  # torch's lazy making, which timing_events works around
+    events = timing_events(3)
+    assert len(events) == 3 and all(e.cuda_event != 0 and e.query() for e in events)

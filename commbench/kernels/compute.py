@@ -8,6 +8,8 @@ import time
 
 import torch
 
+from commbench.kernels.events import timing_events
+
 MAX_DIM = {"cpu": 512, "cuda": 4096}  # one matmul of n^3 stays short on each device
 MIN_DIM = 8
 
@@ -54,8 +56,7 @@ def burn_flops(
     torch.mm(a, b, out=out)
     if dev.type == "cuda":
         with torch.cuda.device(dev):  # events belong to the device the matmuls run on
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = timing_events(2)  # and the device waited for
             start.record()
             for _ in range(repeats):
                 torch.mm(a, b, out=out)

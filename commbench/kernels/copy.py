@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from commbench.kernels.events import timing_events
+
 HOST_TO_HOST = "host->host"
 H2D_PINNED = "host->device pinned"
 H2D_PAGEABLE = "host->device pageable"
@@ -67,13 +69,12 @@ def _cuda_time(copy: Callable[[], object], iters: int, warmup: int) -> list[floa
     for _ in range(warmup):
         copy()
     torch.cuda.synchronize()
-    pairs = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    events = timing_events(2 * iters)
+    pairs = list(zip(events[::2], events[1::2], strict=True))
+    for start, end in pairs:
         start.record()
         copy()
         end.record()
-        pairs.append((start, end))
     torch.cuda.synchronize()
     return [max(s.elapsed_time(e) / 1e3, 1e-9) for s, e in pairs]
 
