@@ -1226,3 +1226,21 @@ def test_a_plot_that_fails_after_the_sweep_is_a_note_not_a_failed_run(tmp_path, 
     assert capsys.readouterr().err == (
         f"commbench: plot {plot} not written: latex was not able to process the following string:\n"
     )
+
+
+def test_records_named_by_one_of_the_commands_file_descriptors_reach_it(tmp_path):
+    """``--json /dev/fd/N`` (what a shell's ``>(jq .)`` passes): rank 0 writes the records, and it
+    holds none of the command's descriptors past 0-2, so it opened its own fd N; a missing one or a
+    socket failed the run once it had started, another took the records and the file stayed empty."""
+    paths = tmp_path / "r.jsonl", tmp_path / "r.csv"
+    with open(paths[0], "w") as records, open(paths[1], "w") as table:
+        fds = records.fileno(), table.fileno()
+        argv = [sys.executable, "-m", "commbench", "sweep", "-b", "4K", "-e", "4K", *SMALL, "--no-probe",
+                "-q", "--json", f"/dev/fd/{fds[0]}", "--csv", f"/dev/fd/{fds[1]}"]  # fmt: skip
+        done = subprocess.run(
+            argv, cwd=recorded.ROOT, pass_fds=fds, capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 0, done.stderr
+    kinds = [json.loads(line)["type"] for line in paths[0].read_text().splitlines()]
+    assert kinds == ["header"] + ["sweep"] * 4
+    assert paths[1].read_text().startswith("collective,") and len(paths[1].read_text().splitlines()) == 5

@@ -96,10 +96,33 @@ def check_writable(path: str | Path) -> None:
 
 def output_path(text: str) -> str:
     """Argument type of every option naming a file or directory to write: an empty name is
-    refused (it was taken for "not given", and nothing was written)."""
+    refused (it was taken for "not given", and nothing was written).
+
+    A name of one of this process's file descriptors (``/dev/fd/5``, a shell's ``>(jq .)``,
+    ``/dev/stdout``) becomes ``/proc/PID/fd/N`` with this process's id: the local ranks, which
+    write the files, hold none of its descriptors past 0-2, and rank 0 opened its own fd N
+    instead (a missing one failed the run once it had started, another took the records)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("needs a file name, got an empty one")
-    return text
+    fd = _own_fd(text)
+    return text if fd is None else f"/proc/{os.getpid()}/fd/{fd}"
+
+
+def _own_fd(text: str) -> int | None:
+    """The file descriptor of this process that ``text`` names through /proc/self/fd (/dev/fd/N,
+    /dev/stdout, a link to one of them), or None."""
+    own = os.path.realpath(f"/proc/{os.getpid()}/fd")
+    p = Path(text)
+    for _ in range(40):  # links followed one at a time: the last is the descriptor's own magic link
+        try:
+            if os.path.realpath(p.parent) == own:
+                return int(p.name) if p.name.isdigit() else None
+            if not p.is_symlink():
+                return None
+            p = p.parent / os.readlink(p)
+        except OSError:
+            return None
+    return None
 
 
 def check_distinct(**paths: str | None) -> None:
