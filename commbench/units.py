@@ -9,10 +9,12 @@ _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 def parse_size(text: str) -> int:
     """Bytes in ``text``: a whole number with an optional K, M or G (binary) suffix; "1M" = 1048576."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:IB|B)?\s*", text.upper())
-    if not match:
-        raise ValueError(f"not a size: {text!r} (use bytes or a K/M/G suffix, e.g. 64K, 16M)")
-    return int(match.group(1)) * _SUFFIX[match.group(2)]
+    # ASCII digits only (\d took other scripts' digits), and "iB" only after K, M or G ("1iB" was 1 byte).
+    match = re.fullmatch(r"\s*([0-9]+)\s*(?:([KMG])(?:IB|B)?|B)?\s*", text.upper())
+    # More than Python's 4300 digits raised its own error, naming sys.set_int_max_str_digits.
+    if not match or len(match.group(1).lstrip("0")) > 30:
+        raise ValueError(f"not a size: {text[:40]!r} (use bytes or a K/M/G suffix, e.g. 64K, 16M)")
+    return int(match.group(1)) * _SUFFIX[match.group(2) or ""]
 
 
 def format_size(size_bytes: int) -> str:

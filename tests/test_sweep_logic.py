@@ -20,13 +20,18 @@ from commbench.units import format_size, parse_size
         ("2G", 2 << 30),
         ("4KiB", 4096),
         ("8MB", 8 << 20),
+        (" 3 GiB\n", 3 << 30),
+        ("5B", 5),
+        ("0", 0),
     ],
 )
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "-1", "1.5K", "K", "12T", "ten"])
+@pytest.mark.parametrize(
+    "text", ["", "-1", "1.5K", "K", "12T", "ten", "1iB", "64IB", "\u0661\u0662K", "1" * 5000]
+)
 def test_parse_size_rejects(text):
     with pytest.raises(ValueError, match="not a size"):
         parse_size(text)
