@@ -912,6 +912,23 @@ def test_a_rank_that_writes_nothing_checks_only_what_needs_no_file_system(tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_link_to_a_file_in_no_directory_is_refused_before_the_run(tmp_path):
+    """A link whose target's directory is missing passed the check, as a file removed meanwhile
+    by another rank's check does, and rank 0 failed on it once the run had started (exit 1)."""
+    from commbench.bench.records import check_writable
+
+    link = tmp_path / "r.jsonl"
+    link.symlink_to(tmp_path / "missing" / "r.jsonl")
+    assert main(["sweep", "--json", str(link)]) == 2
+    (tmp_path / "self.jsonl").symlink_to(tmp_path / "self.jsonl")
+    with pytest.raises(ValueError, match="cannot write .*self.jsonl: Too many levels of symbolic links"):
+        check_writable(tmp_path / "self.jsonl")
+    link.unlink()
+    link.symlink_to(tmp_path / "made.jsonl")  # a link to a file the run makes passes, and leaves nothing
+    check_writable(link)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "self.jsonl"]
+
+
 def _check_in_step(path, start, rounds, failures) -> None:
     from commbench.bench.records import check_writable
 

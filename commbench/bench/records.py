@@ -85,8 +85,9 @@ def check_writable(path: str | Path) -> None:
         except FileExistsError:
             try:
                 os.close(os.open(p, os.O_WRONLY | os.O_APPEND))  # there already: can it be written?
-            except FileNotFoundError:
-                pass
+            except FileNotFoundError:  # removed meanwhile, or a link to a file not made yet
+                if p.is_symlink():  # its target is what the run makes (one in no directory failed rank 0)
+                    check_writable(p.parent / os.readlink(p))
         else:
             os.close(fd)
             p.unlink(missing_ok=True)
