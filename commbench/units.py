@@ -8,13 +8,22 @@ _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def parse_size(text: str) -> int:
-    """Bytes in ``text``: a whole number with an optional K, M or G (binary) suffix; "1M" = 1048576."""
+    """Bytes in ``text``: a whole number with an optional K, M or G (binary) suffix, or KiB, MiB,
+    GiB; "1M" = "1MiB" = 1048576. KB, MB and GB are refused: read as 10^3, 10^6 and 10^9 bytes
+    elsewhere, and as 2^10, 2^20 and 2^30 here before, they said one size and meant another."""
     # ASCII digits only (\d took other scripts' digits), and "iB" only after K, M or G ("1iB" was 1 byte).
-    match = re.fullmatch(r"\s*([0-9]+)\s*(?:([KMG])(?:IB|B)?|B)?\s*", text.upper())
+    match = re.fullmatch(r"\s*([0-9]+)\s*(?:([KMG])(IB|B)?|B)?\s*", text.upper())
     # More than Python's 4300 digits raised its own error, naming sys.set_int_max_str_digits.
     if not match or len(match.group(1).lstrip("0")) > 30:
         raise ValueError(f"not a size: {text[:40]!r} (use bytes or a K/M/G suffix, e.g. 64K, 16M)")
-    return int(match.group(1)) * _SUFFIX[match.group(2) or ""]
+    digits, suffix, tail = match.groups()
+    if tail == "B":
+        power = _SUFFIX[suffix].bit_length() - 1
+        raise ValueError(
+            f"not a size: {text.strip()[:40]!r} is ambiguous ({suffix}B: 10^{power * 3 // 10} or 2^{power} "
+            f"bytes?); use {digits}{suffix} or {digits}{suffix}iB, 2^{power} bytes a {suffix}"
+        )
+    return int(digits) * _SUFFIX[suffix or ""]
 
 
 def format_size(size_bytes: int) -> str:

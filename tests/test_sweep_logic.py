@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -19,7 +21,7 @@ from commbench.units import format_size, parse_size
         ("16M", 16 << 20),
         ("2G", 2 << 30),
         ("4KiB", 4096),
-        ("8MB", 8 << 20),
+        ("8MiB", 8 << 20),
         (" 3 GiB\n", 3 << 30),
         ("5B", 5),
         ("0", 0),
@@ -34,6 +36,14 @@ def test_parse_size(text, expected):
 )
 def test_parse_size_rejects(text):
     with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text, hint", [("8MB", "use 8M or 8MiB, 2^20"), ("2gb", "use 2G or 2GiB, 2^30")])
+def test_a_size_in_kb_mb_or_gb_is_refused_as_ambiguous(text, hint):
+    """8MB was taken for 8 MiB, where GB/s in the same table is 10^9 bytes: one size said, another
+    meant."""
+    with pytest.raises(ValueError, match=f"is ambiguous .*{re.escape(hint)}"):
         parse_size(text)
 
 
