@@ -975,6 +975,24 @@ def test_the_interrupted_message_counts_points_past_a_line_cut_short(tmp_path):
     assert _kept(str(path)) == f"; finished points are in {path}"
 
 
+def test_the_interrupted_message_of_records_sent_to_a_pipe_claims_no_file():
+    """--json /dev/stdout or >(jq .): a pipe's stamp does not move as points go through it, so a
+    stopped run said "nothing had finished, ... is as it was before this run" (and without a
+    stamp, reading the pipe back would wait for ever on the writer this process holds)."""
+    from commbench.bench.cli import _kept
+    from commbench.bench.records import file_stamp
+
+    r, w = os.pipe()
+    try:
+        path = f"/proc/{os.getpid()}/fd/{w}"
+        before = file_stamp(path)
+        os.write(w, b'{"type": "sweep"}\n')
+        assert _kept(path, before) == f"; each point went to {path} as it finished"
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_a_stop_before_the_run_writes_its_records_does_not_claim_an_earlier_runs_points(
     tmp_path, monkeypatch, capsys
 ):
