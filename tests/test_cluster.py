@@ -251,6 +251,21 @@ def test_bad_input_is_exit_2_with_one_line(argv, message, capsys, monkeypatch):
     assert message in err and err.strip().count("\n") == 0
 
 
+def test_records_to_a_pipe_are_refused_before_the_build(monkeypatch, capsys):
+    """The cluster reads its records back for the hosts' byte counts: from a pipe (a shell's
+    >(jq .), here /dev/fd/N), where this process holds the writer, the read would never end."""
+    monkeypatch.setattr(netns, "check_privileges", lambda: pytest.fail("built a cluster from bad input"))
+    r, w = os.pipe()
+    try:
+        assert cli.main(["cluster", "--hosts", "2", "--", "sweep", "--json", f"/dev/fd/{w}"]) == 2
+    finally:
+        os.close(r)
+        os.close(w)
+    err = capsys.readouterr().err
+    assert f"--json /proc/{os.getpid()}/fd/{w} is not a file: the cluster reads its records back" in err
+    assert err.count("\n") == 1
+
+
 def test_cuda_without_cuda_is_refused_before_the_build(monkeypatch, capsys):
     """Each host's rank refused it, after the cluster was built (exit 1)."""
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)

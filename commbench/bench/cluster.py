@@ -152,10 +152,24 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
 
 
 def _check_outputs(inner: argparse.Namespace) -> None:
-    """The inner command's output files, checked before anything is built (they are written last)."""
+    """The inner command's output files, checked before anything is built (they are written last).
+    The records are read back for the hosts' byte counts: a pipe or a terminal (/dev/stdout, a
+    shell's >(jq .)) would have been read from, waiting for ever on the writer this process holds."""
+    import stat
+
     from commbench.bench.records import check_outputs
 
     check_outputs(**{name: getattr(inner, name, None) for name in ("json", "csv", "plot")})
+    json_path = getattr(inner, "json", None)
+    try:
+        mode = os.stat(json_path).st_mode if json_path else stat.S_IFREG
+    except OSError:
+        mode = stat.S_IFREG  # made by the run
+    if not stat.S_ISREG(mode):
+        raise ValueError(
+            f"--json {json_path} is not a file: the cluster reads its records back to count each "
+            "host's bytes; give a file"
+        )
 
 
 def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = None) -> int:
