@@ -975,6 +975,37 @@ def test_the_interrupted_message_counts_points_past_a_line_cut_short(tmp_path):
     assert _kept(str(path)) == f"; finished points are in {path}"
 
 
+def test_a_descriptor_the_command_was_not_given_is_refused_as_an_output():
+    """/dev/fd/N where N is a descriptor commbench opened itself (the rank server's pipes, the
+    resource tracker's) passed, and the records went into that pipe, exit 0."""
+    import argparse
+
+    from commbench.bench import records
+
+    given_r, given_w = os.pipe()
+    records.note_given_descriptors()
+    own_r, own_w = os.pipe()
+    try:
+        assert records.output_path(f"/dev/fd/{given_w}") == f"/proc/{os.getpid()}/fd/{given_w}"
+        with pytest.raises(argparse.ArgumentTypeError, match=f"names descriptor {own_w}, which this"):
+            records.output_path(f"/dev/fd/{own_w}")
+        assert records.output_path("/dev/fd/\u0663") == "/dev/fd/\u0663"  # no descriptor: a name
+    finally:
+        for fd in (given_r, given_w, own_r, own_w):
+            os.close(fd)
+        records.note_given_descriptors()
+
+
+def test_a_named_pipe_is_checked_without_opening_it(tmp_path):
+    """Opened to write, a named pipe with no reader held the check for ever; with one, closing it
+    gave the reader an end of file before the run had written anything."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    code = f"from commbench.bench.records import check_writable; check_writable({str(fifo)!r}); print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert done.stdout == "ok\n", done.stderr
+
+
 def test_the_interrupted_message_of_records_sent_to_a_pipe_claims_no_file():
     """--json /dev/stdout or >(jq .): a pipe's stamp does not move as points go through it, so a
     stopped run said "nothing had finished, ... is as it was before this run" (and without a

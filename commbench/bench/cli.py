@@ -625,6 +625,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from commbench.bench.records import note_given_descriptors
+
+    note_given_descriptors()  # before the rank server's pipes: what --json /dev/fd/N may name
     try:
         refused = _start_rank_server(argv)
         if refused is not None:

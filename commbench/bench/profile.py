@@ -269,7 +269,12 @@ def profile_command(
 
     out = Path(config.out_dir)
     command = [sys.executable, "-m", "commbench", *config.inner]
-    inner = subprocess.Popen(command, start_new_session=True)
+    from commbench.bench.records import given_descriptors
+
+    # The descriptors this command was given, which its --json /dev/fd/N may name (Popen closes the rest)
+    inner = subprocess.Popen(
+        command, start_new_session=True, pass_fds=sorted(given_descriptors() - {0, 1, 2})
+    )
     top = psutil.Process(inner.pid)
     recorders: dict[int, _Recorder] = {}
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import errno
 import json
 import os
 import sys
@@ -83,6 +84,10 @@ def check_writable(path: str | Path) -> None:
         try:
             fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except FileExistsError:
+            if p.is_fifo():  # opened to write, it waited for a reader, or gave
+                if not os.access(p, os.W_OK):  # its reader an end of file before the run wrote
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES)) from None
+                return
             try:
                 os.close(os.open(p, os.O_WRONLY | os.O_APPEND))  # there already: can it be written?
             except FileNotFoundError:  # removed meanwhile, or a link to a file not made yet
@@ -106,7 +111,48 @@ def output_path(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("needs a file name, got an empty one")
     fd = _own_fd(text)
-    return text if fd is None else f"/proc/{os.getpid()}/fd/{fd}"
+    if fd is None:
+        return text
+    if _GIVEN is not None and fd not in _GIVEN:  # one commbench opened itself: a pipe of its own
+        raise argparse.ArgumentTypeError(f"{text} names descriptor {fd}, which this command was not given")
+    return descriptor_path(fd)
+
+
+_GIVEN: frozenset[int] | None = None  # the descriptors the command was started with
+
+
+def note_given_descriptors() -> None:
+    """Take note of the descriptors this process holds as a command starts, before commbench opens
+    any: the ones that a name like /dev/fd/N may mean (the fork server's pipes took records)."""
+    global _GIVEN
+    try:
+        listed = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        _GIVEN = None
+        return
+    given = []
+    for fd in listed:  # the listing's own descriptor is closed by now
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        given.append(fd)
+    _GIVEN = frozenset(given)
+
+
+def given_descriptors() -> frozenset[int]:
+    """The descriptors :func:`note_given_descriptors` found (none where it was not called)."""
+    return _GIVEN or frozenset()
+
+
+def descriptor_path(fd: int) -> str:
+    """The name of this process's descriptor ``fd`` that another process can open."""
+    return f"/proc/{os.getpid()}/fd/{fd}"
+
+
+def names_descriptor(path: str | None) -> bool:
+    """Whether ``path`` is one of this process's descriptors, as :func:`output_path` names them."""
+    return bool(path) and str(path).startswith(descriptor_path(0)[:-1])
 
 
 def _own_fd(text: str) -> int | None:
@@ -117,7 +163,7 @@ def _own_fd(text: str) -> int | None:
     for _ in range(40):  # links followed one at a time: the last is the descriptor's own magic link
         try:
             if os.path.realpath(p.parent) == own:
-                return int(p.name) if p.name.isdigit() else None
+                return int(p.name) if p.name.isascii() and p.name.isdigit() else None
             if not p.is_symlink():
                 return None
             p = p.parent / os.readlink(p)
