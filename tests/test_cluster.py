@@ -251,19 +251,36 @@ def test_bad_input_is_exit_2_with_one_line(argv, message, capsys, monkeypatch):
     assert message in err and err.strip().count("\n") == 0
 
 
-def test_records_to_a_pipe_are_refused_before_the_build(monkeypatch, capsys):
-    """The cluster reads its records back for the hosts' byte counts: from a pipe (a shell's
-    >(jq .), here /dev/fd/N), where this process holds the writer, the read would never end."""
-    monkeypatch.setattr(netns, "check_privileges", lambda: pytest.fail("built a cluster from bad input"))
+def test_records_to_a_pipe_are_refused_before_the_build(tmp_path, monkeypatch, capsys):
+    """The cluster reads its records back for the hosts' byte counts: from a pipe where this
+    process holds the writer, the read would never end; a named pipe with no reader waited in the
+    check itself. A descriptor of the command (a shell's >(jq .), /dev/fd/N) is no name the hosts
+    can open. /dev/null stays allowed: nothing to read back."""
+
+    def refused(path: str) -> str:
+        monkeypatch.setattr(netns, "check_privileges", lambda: pytest.fail("built a cluster from bad input"))
+        assert cli.main(["cluster", "--hosts", "2", "--", "sweep", "--json", path]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        return err
+
     r, w = os.pipe()
     try:
-        assert cli.main(["cluster", "--hosts", "2", "--", "sweep", "--json", f"/dev/fd/{w}"]) == 2
+        err = refused(f"/dev/fd/{w}")
+        assert "--json names a descriptor of this command, which the hosts do not hold" in err
     finally:
         os.close(r)
         os.close(w)
-    err = capsys.readouterr().err
-    assert f"--json /proc/{os.getpid()}/fd/{w} is not a file: the cluster reads its records back" in err
-    assert err.count("\n") == 1
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert f"--json {fifo} is not a file: the cluster reads its records back" in refused(str(fifo))
+
+    def no_privileges() -> None:
+        raise ValueError("no privileges here")
+
+    monkeypatch.setattr(netns, "check_privileges", no_privileges)
+    assert cli.main(["cluster", "--hosts", "2", "--", "sweep", "--json", os.devnull]) == 2
+    assert capsys.readouterr().err == "commbench: error: no privileges here\n"
 
 
 def test_cuda_without_cuda_is_refused_before_the_build(monkeypatch, capsys):
