@@ -14,14 +14,14 @@ def parse_size(text: str) -> int:
     # ASCII digits only (\d took other scripts' digits), and "iB" only after K, M or G ("1iB" was 1 byte).
     match = re.fullmatch(r"\s*([0-9]+)\s*(?:([KMG])(IB|B)?|B)?\s*", text.upper())
     # More than Python's 4300 digits raised its own error, naming sys.set_int_max_str_digits.
-    if not match or len(match.group(1).lstrip("0")) > 30:
+    if not match or len(match.group(1)) > 30:
         raise ValueError(f"not a size: {text[:40]!r} (use bytes or a K/M/G suffix, e.g. 64K, 16M)")
     digits, suffix, tail = match.groups()
     if tail == "B":
         power = _SUFFIX[suffix].bit_length() - 1
         raise ValueError(
             f"not a size: {text.strip()[:40]!r} is ambiguous ({suffix}B: 10^{power * 3 // 10} or 2^{power} "
-            f"bytes?); use {digits}{suffix} or {digits}{suffix}iB, 2^{power} bytes a {suffix}"
+            f"bytes?); use {digits}{suffix} or {digits}{suffix}iB for {digits} x 2^{power} bytes"
         )
     return int(digits) * _SUFFIX[suffix or ""]
 
