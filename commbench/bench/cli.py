@@ -537,13 +537,9 @@ def _kept(path: str | None, before: tuple[int, int, int] | None = None) -> str:
     wrote holds an earlier run's points, not its own."""
     if not path:
         return ""
-    import stat
+    from commbench.bench.records import is_stream
 
-    try:
-        regular = stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        regular = True  # nothing there: as a file the run never made
-    if not regular:  # a pipe or a terminal (/dev/stdout, >(jq .)): no stamp to compare, nothing to read back
+    if is_stream(path):  # a pipe or a terminal (/dev/stdout, >(jq .)): no stamp, nothing to read back
         return f"; each point went to {path} as it finished"
     if before is not None and file_stamp(path) == before:
         return f"; nothing had finished, {path} is as it was before this run"

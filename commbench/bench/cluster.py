@@ -155,26 +155,21 @@ def _check_outputs(inner: argparse.Namespace) -> None:
     """The inner command's output files, checked before anything is built (they are written last).
     The records are read back for the hosts' byte counts: a pipe or a terminal (/dev/stdout, a
     shell's >(jq .)) would have been read from, waiting for ever on the writer this process holds."""
-    import stat
+    from commbench.bench.records import check_outputs, is_stream, names_descriptor
 
-    from commbench.bench.records import check_outputs, names_descriptor
-
-    for name in ("json", "csv", "plot"):  # host 0's rank writes them, given the command's own words
-        if names_descriptor(getattr(inner, name, None)):
+    outputs = {name: getattr(inner, name, None) for name in ("json", "csv", "plot")}
+    for name, path in outputs.items():  # host 0's rank writes them, given the command's own words
+        if names_descriptor(path):
             raise ValueError(
                 f"--{name} names a descriptor of this command, which the hosts do not hold; give a file"
             )
-    json_path = getattr(inner, "json", None)
-    try:
-        mode = os.stat(json_path).st_mode if json_path else stat.S_IFREG
-    except OSError:
-        mode = stat.S_IFREG  # made by the run
-    if not (stat.S_ISREG(mode) or os.path.realpath(json_path) == os.devnull):
+    json_path = outputs["json"]
+    if json_path and is_stream(json_path) and os.path.realpath(json_path) != os.devnull:
         raise ValueError(
             f"--json {json_path} is not a file: the cluster reads its records back to count each "
             "host's bytes; give a file (a sweep without --json gets one of the cluster's own)"
         )
-    check_outputs(**{name: getattr(inner, name, None) for name in ("json", "csv", "plot")})
+    check_outputs(**outputs)
 
 
 def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = None) -> int:

@@ -9,6 +9,7 @@ import dataclasses
 import errno
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -152,7 +153,16 @@ def descriptor_path(fd: int) -> str:
 
 def names_descriptor(path: str | None) -> bool:
     """Whether ``path`` is one of this process's descriptors, as :func:`output_path` names them."""
-    return bool(path) and str(path).startswith(descriptor_path(0)[:-1])
+    return bool(path) and str(path).startswith(f"/proc/{os.getpid()}/fd/")
+
+
+def is_stream(path: str | Path) -> bool:
+    """Whether ``path`` is there and no regular file: a pipe, a terminal or another device, which
+    keeps no stamp of what went through it and cannot be read back."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _own_fd(text: str) -> int | None:
