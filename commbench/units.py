@@ -7,6 +7,10 @@ import re
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
+class AmbiguousSize(ValueError):
+    """A size given in KB, MB or GB; its message says which binary form to write instead."""
+
+
 def parse_size(text: str) -> int:
     """Bytes in ``text``: a whole number with an optional K, M or G (binary) suffix, or KiB, MiB,
     GiB; "1M" = "1MiB" = 1048576. KB, MB and GB are refused: read as 10^3, 10^6 and 10^9 bytes
@@ -19,7 +23,7 @@ def parse_size(text: str) -> int:
     digits, suffix, tail = match.groups()
     if tail == "B":
         power = _SUFFIX[suffix].bit_length() - 1
-        raise ValueError(
+        raise AmbiguousSize(
             f"not a size: {text.strip()[:40]!r} is ambiguous ({suffix}B: 10^{power * 3 // 10} or 2^{power} "
             f"bytes?); use {digits}{suffix} or {digits}{suffix}iB for {digits} x 2^{power} bytes"
         )

@@ -134,6 +134,28 @@ def test_a_series_names_an_algorithm_and_optionally_its_segment(series, expected
     assert series_parts(series) == expected
 
 
+def test_the_places_that_read_a_size_say_why_kb_mb_or_gb_is_refused():
+    """A segment, or an environment variable's size, in MB was refused in words that asked for
+    'bytes or K/M/G' and did not say MB was the trouble."""
+    from commbench import comm
+    from commbench.bench.collectives import series_parts
+    from commbench.comm import tcp
+
+    hint = "is ambiguous (MB: 10^6 or 2^20 bytes?); use 2M or 2MiB for 2 x 2^20 bytes"
+    with pytest.raises(
+        ValueError, match=f"^'ring@2MB': the segment after @ is not a size: '2MB' {re.escape(hint)}$"
+    ):
+        series_parts("ring@2MB")
+    with pytest.raises(
+        ValueError, match=f"^\\${tcp.NOTSENT_ENV}='2MB' is not a size: '2MB' {re.escape(hint)}$"
+    ):
+        tcp.notsent_setting({tcp.NOTSENT_ENV: "2MB"})
+    with pytest.raises(
+        ValueError, match=f"^\\${comm.HOST_FROM_ENV}='2MB' is not a size: '2MB' {re.escape(hint)}$"
+    ):
+        comm.stage_whole_from({comm.HOST_FROM_ENV: "2MB"})
+
+
 def test_segment_sizes_are_accepted_where_the_algorithm_segments():
     assert SweepConfig(algorithms=("builtin", "ring", "ring@2M", "auto@1M")).series[-1] == LIMIT
     assert SweepConfig(collective="sendrecv", algorithms=("p2p@4M",)).series == ("p2p@4M",)

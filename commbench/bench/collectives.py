@@ -35,7 +35,7 @@ from commbench.comm import p2p, pipeline, ring
 from commbench.comm.chunking import num_segments, split
 from commbench.comm.costmodel import bus_factor
 from commbench.comm.pipeline import Unit
-from commbench.units import parse_size
+from commbench.units import AmbiguousSize, parse_size
 
 
 @dataclass
@@ -186,6 +186,8 @@ def series_parts(series: str) -> tuple[str, int | None]:
         return series, None
     try:
         segment = parse_size(size)
+    except AmbiguousSize as error:
+        raise ValueError(f"{series!r}: the segment after @ is {error}") from None
     except ValueError:
         segment = 0
     if not 1 <= segment <= comm.MAX_SEGMENT_BYTES:

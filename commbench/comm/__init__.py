@@ -23,7 +23,7 @@ import torch.distributed as dist
 from commbench.comm import builtin, naive, p2p, recursive, ring, tree, tuning
 from commbench.comm.ops import DTYPES, OPS, check_op, dtype_name
 from commbench.comm.workspace import Workspace, scratch
-from commbench.units import parse_size
+from commbench.units import AmbiguousSize, parse_size
 
 # The registry: adding an algorithm is one module and one line here.
 _IMPLS: dict[str, dict[str, Callable[..., None]]] = {
@@ -382,6 +382,8 @@ def stage_whole_from(environ: Mapping[str, str] | None = None) -> int | None:
         return None
     try:
         return parse_size(value)
+    except AmbiguousSize as error:
+        raise ValueError(f"${HOST_FROM_ENV}={value!r} is {error}") from None
     except ValueError:
         raise ValueError(f"${HOST_FROM_ENV}={value!r} is not auto, {NEVER} or a size (e.g. 0, 16M)") from None
 

@@ -29,7 +29,7 @@ import os
 import socket
 from collections.abc import Iterator
 
-from commbench.units import parse_size
+from commbench.units import AmbiguousSize, parse_size
 
 CC_ENV = "COMMBENCH_LOOPBACK_CC"
 AUTO, KEEP = "auto", "keep"
@@ -99,6 +99,8 @@ def notsent_setting(environ: dict[str, str] | None = None) -> int | None:
         return None
     try:
         size = parse_size(value)
+    except AmbiguousSize as error:
+        raise ValueError(f"${NOTSENT_ENV}={value!r} is {error}") from None
     except ValueError:
         size = 0
     if not 1 <= size <= NOTSENT_MAX_BYTES:
