@@ -139,13 +139,23 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
         inner = inner[1:]
     if args.hosts is None:
         raise ValueError("--hosts is required (one rank per host): commbench cluster --hosts 4 -- sweep")
+
+    def given(option: str, parse: Callable[[str], Any], default: Any = None) -> Any:
+        text = getattr(args, option)
+        if text is None:  # '' is refused, not unset
+            return default
+        try:
+            return parse(text)
+        except ValueError as error:  # the parsers' words do not say which of five options they read
+            raise ValueError(f"--{option} {text!r}: {error}") from None
+
     shaping = Shaping(
-        rate_bit=netns.parse_rate(args.rate),
-        burst_bytes=parse_size(args.burst) if args.burst is not None else None,  # '' is refused, not unset
-        queue_ms=netns.parse_time_us(args.queue) / 1e3,
-        delay_us=netns.parse_time_us(args.delay) if args.delay is not None else 0.0,
-        jitter_us=netns.parse_time_us(args.jitter) if args.jitter is not None else 0.0,
-        loss_percent=netns.parse_percent(args.loss) if args.loss is not None else 0.0,
+        rate_bit=given("rate", netns.parse_rate),
+        burst_bytes=given("burst", parse_size),
+        queue_ms=given("queue", netns.parse_time_us) / 1e3,
+        delay_us=given("delay", netns.parse_time_us, 0.0),
+        jitter_us=given("jitter", netns.parse_time_us, 0.0),
+        loss_percent=given("loss", netns.parse_percent, 0.0),
         mtu=args.mtu,
     )
     return ClusterConfig(hosts=args.hosts, shaping=shaping, inner=tuple(inner))
