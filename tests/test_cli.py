@@ -996,6 +996,28 @@ def test_a_descriptor_the_command_was_not_given_is_refused_as_an_output():
         records.note_given_descriptors()
 
 
+def test_messages_name_a_descriptor_as_it_was_given():
+    """--json /dev/stdout --csv /dev/stdout was refused as naming 'the same file /proc/4817/fd/1',
+    and a stopped run's records 'went to /proc/4817/fd/5': names the user never typed."""
+    from commbench.bench import records
+    from commbench.bench.cli import _kept
+
+    r, w = os.pipe()
+    records.note_given_descriptors()
+    try:
+        path = records.output_path(f"/dev/fd/{w}")
+        assert path == f"/proc/{os.getpid()}/fd/{w}"
+        assert _kept(path, records.file_stamp(path)) == f"; each point went to /dev/fd/{w} as it finished"
+        with pytest.raises(ValueError, match=f"^--json and --csv name the same file /dev/fd/{w}$"):
+            records.check_distinct(json=path, csv=path)
+        with pytest.raises(ValueError, match=f"^cannot plot to /dev/fd/{w}: the name must end"):
+            records.check_outputs(plot=path)
+    finally:
+        os.close(r)
+        os.close(w)
+        records.note_given_descriptors()
+
+
 def test_a_named_pipe_is_checked_without_opening_it(tmp_path):
     """Opened to write, a named pipe with no reader held the check for ever; with one, closing it
     gave the reader an end of file before the run had written anything."""

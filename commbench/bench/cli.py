@@ -537,12 +537,12 @@ def _kept(path: str | None, before: tuple[int, int, int] | None = None) -> str:
     wrote holds an earlier run's points, not its own."""
     if not path:
         return ""
-    from commbench.bench.records import is_stream
+    from commbench.bench.records import is_stream, shown
 
     if is_stream(path):  # a pipe or a terminal (/dev/stdout, >(jq .)): no stamp, nothing to read back
-        return f"; each point went to {path} as it finished"
+        return f"; each point went to {shown(path)} as it finished"
     if before is not None and file_stamp(path) == before:
-        return f"; nothing had finished, {path} is as it was before this run"
+        return f"; nothing had finished, {shown(path)} is as it was before this run"
     import json
 
     try:
@@ -556,8 +556,8 @@ def _kept(path: str | None, before: tuple[int, int, int] | None = None) -> str:
         except (ValueError, AttributeError):
             pass
     if points:
-        return f"; finished points are in {path}"
-    return f"; nothing had finished, {path} holds no points"
+        return f"; finished points are in {shown(path)}"
+    return f"; nothing had finished, {shown(path)} holds no points"
 
 
 def _records_path(args: argparse.Namespace) -> str | None:

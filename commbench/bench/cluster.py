@@ -165,7 +165,7 @@ def _check_outputs(inner: argparse.Namespace) -> None:
     """The inner command's output files, checked before anything is built (they are written last).
     The records are read back for the hosts' byte counts: a pipe or a terminal (/dev/stdout, a
     shell's >(jq .)) would have been read from, waiting for ever on the writer this process holds."""
-    from commbench.bench.records import check_outputs, is_stream, names_descriptor
+    from commbench.bench.records import check_outputs, is_stream, names_descriptor, shown
 
     outputs = {name: getattr(inner, name, None) for name in ("json", "csv", "plot")}
     for name, path in outputs.items():  # host 0's rank writes them, given the command's own words
@@ -176,7 +176,7 @@ def _check_outputs(inner: argparse.Namespace) -> None:
     json_path = outputs["json"]
     if json_path and is_stream(json_path) and os.path.realpath(json_path) != os.devnull:
         raise ValueError(
-            f"--json {json_path} is not a file: the cluster reads its records back to count each "
+            f"--json {shown(json_path)} is not a file: the cluster reads its records back to count each "
             "host's bytes; give a file (a sweep without --json gets one of the cluster's own)"
         )
     check_outputs(**outputs)

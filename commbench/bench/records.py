@@ -73,10 +73,10 @@ def check_writable(path: str | Path) -> None:
     p = Path(path)
     try:
         if p.is_dir():
-            raise ValueError(f"cannot write {p}: it is a directory")
+            raise ValueError(f"cannot write {shown(p)}: it is a directory")
         parent = p.parent if str(p.parent) else Path(".")
         if not parent.is_dir():
-            raise ValueError(f"cannot write {p}: directory {parent} does not exist")
+            raise ValueError(f"cannot write {shown(p)}: directory {parent} does not exist")
         # A check leaves nothing behind (a run refused later must not leave empty files), and
         # holds when several processes check one path at once, as every rank does under torchrun:
         # only the check that created the file removes it, and a file that another check removed
@@ -98,7 +98,7 @@ def check_writable(path: str | Path) -> None:
             os.close(fd)
             p.unlink(missing_ok=True)
     except OSError as exc:  # no access to a directory on the way, a name too long, ...
-        raise ValueError(f"cannot write {p}: {exc.strerror or exc}") from None
+        raise ValueError(f"cannot write {shown(p)}: {exc.strerror or exc}") from None
 
 
 def output_path(text: str) -> str:
@@ -116,16 +116,25 @@ def output_path(text: str) -> str:
         return text
     if _GIVEN is not None and fd not in _GIVEN:  # one commbench opened itself: a pipe of its own
         raise argparse.ArgumentTypeError(f"{text} names descriptor {fd}, which this command was not given")
+    _TYPED[descriptor_path(fd)] = text
     return descriptor_path(fd)
 
 
 _GIVEN: frozenset[int] | None = None  # the descriptors the command was started with
+_TYPED: dict[str, str] = {}  # /proc/PID/fd/N -> the name given for it (/dev/stdout)
+
+
+def shown(path: str | Path) -> str:
+    """``path`` in the words the command was given: /dev/stdout rather than the /proc/PID/fd/1
+    that :func:`output_path` made of it."""
+    return _TYPED.get(str(path), str(path))
 
 
 def note_given_descriptors() -> None:
     """Take note of the descriptors this process holds as a command starts, before commbench opens
     any: the ones that a name like /dev/fd/N may mean (the fork server's pipes took records)."""
     global _GIVEN
+    _TYPED.clear()  # names given to an earlier command in this process (the tests run many)
     try:
         listed = [int(n) for n in os.listdir("/proc/self/fd")]
     except OSError:
@@ -190,7 +199,7 @@ def check_distinct(**paths: str | None) -> None:
             continue
         key = Path(path).resolve()
         if key in seen:
-            raise ValueError(f"--{seen[key]} and --{name} name the same file {path}")
+            raise ValueError(f"--{seen[key]} and --{name} name the same file {shown(path)}")
         seen[key] = name
 
 
@@ -207,7 +216,7 @@ def _check_plot_format(path: str | Path) -> None:
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in formats:
         raise ValueError(
-            f"cannot plot to {path}: the name must end in one of .{', .'.join(formats)}"
+            f"cannot plot to {shown(path)}: the name must end in one of .{', .'.join(formats)}"
             f" (got {'.' + suffix if suffix else 'no suffix'})"
         )
 
@@ -311,7 +320,7 @@ def plot_or_note(draw: Callable[[], None], path: str | Path) -> bool:
     except Interrupted:  # a signal, not a failed plot
         raise
     except Exception as exc:  # whatever the plotting library raises, the run's records stand
-        print(f"commbench: plot {path} not written: {first_line(exc)}", file=sys.stderr, flush=True)
+        print(f"commbench: plot {shown(path)} not written: {first_line(exc)}", file=sys.stderr, flush=True)
         return False
     return True
 
