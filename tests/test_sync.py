@@ -240,18 +240,59 @@ def test_dp_comm_is_not_measured_rather_than_zero(monkeypatch, tmp_path) -> None
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_ddp_refuses_a_first_bucket_where_torch_cannot_take_one(monkeypatch) -> None:
-    """Without bucket_cap_mb_list, DDP's first bucket is 1 MiB whatever was asked: the run went on
-    with its first bucket silently not the one asked for. Refused before any rank starts now."""
+class _DDPCapFirst:
+    """DistributedDataParallel's signature where ``bucket_cap_mb`` defaults to None and there is
+    no ``bucket_cap_mb_list``: a cap given is the first bucket's too (torch 2.14 does the same with
+    ``bucket_cap_mb=2`` alone: its first rebuilt bucket held two 1 MiB weights, not one)."""
+
+    def __init__(
+        self, module: nn.Module, device_ids: object = None, bucket_cap_mb: float | None = None
+    ) -> None:
+        pass
+
+
+class _DDPFirst1MiB:
+    """An older signature: ``bucket_cap_mb`` defaults to 25, the first bucket is 1 MiB whatever."""
+
+    def __init__(self, module: nn.Module, device_ids: object = None, bucket_cap_mb: float = 25) -> None:
+        pass
+
+
+def test_ddp_refuses_caps_its_torch_cannot_take(monkeypatch) -> None:
+    """Where DDP lacks bucket_cap_mb_list, --bucket-cap-mb 4 was passed as bucket_cap_mb alone in the
+    belief that its first bucket stays 1 MiB; where bucket_cap_mb defaults to None, DDP makes the
+    cap the first bucket's too, so ddp's buckets were not those of bucketed and of the computed
+    bytes. Each DDP gets what it can take; the rest is refused before any rank starts."""
+    import torch.nn.parallel
+
     from commbench.trainers.loop import TrainConfig
 
-    monkeypatch.setattr(sync, "ddp_takes_bucket_list", lambda: False)
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", _DDPCapFirst)
+    assert not sync.ddp_takes_bucket_list()
+    with pytest.raises(
+        ValueError, match=r"^--bucket-cap-mb 4 with --first-bucket-mb 1 needs .*bucket_cap_mb_list"
+    ):
+        TrainConfig(strategies=("ddp",), bucket_cap_mb=4.0)
+    with pytest.raises(ValueError, match=r"give --first-bucket-mb 4\)$"):
+        sync.DDPSync(CPU, cap_bytes=4 << 20)._bucket_args()
+    with pytest.raises(ValueError, match="bucket_cap_mb_list"):
+        TrainConfig(strategies=("ddp",), first_bucket_mb=0.5)
+    TrainConfig(strategies=("ddp",), bucket_cap_mb=4.0, first_bucket_mb=4.0)
+    assert sync.DDPSync(CPU, cap_bytes=4 << 20, first_cap_bytes=4 << 20)._bucket_args() == {
+        "bucket_cap_mb": 4.0
+    }
+    assert sync.DDPSync(CPU)._bucket_args() == {}  # DDP's own 25 MiB and 1 MiB
+    assert sync.ddp_first_bucket_is_cap()
+    TrainConfig(strategies=("bucketed",), bucket_cap_mb=4.0)  # the hand-written buckets take any
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", _DDPFirst1MiB)
+    assert not sync.ddp_first_bucket_is_cap()
     with pytest.raises(ValueError, match=r"^--first-bucket-mb 0\.5 needs DistributedDataParallel's"):
         TrainConfig(strategies=("ddp",), first_bucket_mb=0.5)
     with pytest.raises(ValueError, match="bucket_cap_mb_list"):
         sync.DDPSync(CPU, cap_bytes=4 << 20, first_cap_bytes=1 << 19)._bucket_args()
-    TrainConfig(strategies=("bucketed",), first_bucket_mb=0.5)  # the hand-written buckets take it
-    TrainConfig(strategies=("ddp",), bucket_cap_mb=4.0)  # DDP's own first bucket is the default
+    TrainConfig(strategies=("bucketed",), first_bucket_mb=0.5)
+    TrainConfig(strategies=("ddp",), bucket_cap_mb=4.0)  # this DDP's first bucket is the default
     assert sync.DDPSync(CPU, cap_bytes=4 << 20)._bucket_args() == {"bucket_cap_mb": 4.0}
 
 

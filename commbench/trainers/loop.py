@@ -25,7 +25,6 @@ from commbench.comm import p2p
 from commbench.comm.costmodel import cost
 from commbench.trainers import sync as sync_mod
 from commbench.trainers.bucketing import (
-    DEFAULT_FIRST_CAP_BYTES,
     MAX_CAP_MB,
     MiB,
     assign_buckets,
@@ -126,9 +125,11 @@ class TrainConfig:
                     f"{name.replace('_', ' ')} must be at most {MAX_CAP_MB:.0f} MiB (1 TiB), "
                     f"got {getattr(self, name)} MiB"
                 )
-        first_own = int(self.first_bucket_mb * MiB) != DEFAULT_FIRST_CAP_BYTES
-        if "ddp" in self.strategies and first_own and not sync_mod.ddp_takes_bucket_list():
-            raise ValueError(sync_mod.first_bucket_unsupported(self.first_bucket_mb))
+        if "ddp" in self.strategies:
+            caps = int(self.bucket_cap_mb * MiB), int(self.first_bucket_mb * MiB)
+            refusal = sync_mod.ddp_bucket_refusal(*caps)
+            if refusal is not None:
+                raise ValueError(refusal)
         if not (0 <= self.momentum < 1):
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.lr_scaling not in LR_SCALINGS:

@@ -324,7 +324,8 @@ class Bucketed(_HandWritten):
 
 def ddp_takes_bucket_list() -> bool:
     """Whether this torch's DistributedDataParallel takes ``bucket_cap_mb_list``, the only way to
-    give it a first bucket other than its own 1 MiB (older ones take ``bucket_cap_mb`` alone)."""
+    give it a first bucket other than its own 1 MiB and other than the cap (older ones take
+    ``bucket_cap_mb`` alone)."""
     import inspect
 
     from torch.nn.parallel import DistributedDataParallel
@@ -332,8 +333,34 @@ def ddp_takes_bucket_list() -> bool:
     return "bucket_cap_mb_list" in inspect.signature(DistributedDataParallel).parameters
 
 
-def first_bucket_unsupported(first_mb: float) -> str:
-    """Why ddp cannot take a first bucket of ``first_mb`` MiB on this torch."""
+def ddp_first_bucket_is_cap() -> bool:
+    """Whether this torch's DistributedDataParallel, given ``bucket_cap_mb``, makes its first bucket
+    that cap too: where ``bucket_cap_mb`` defaults to None, DDP tells the default (25 MiB, first
+    bucket 1 MiB) from a cap given, and a cap given is the first bucket's as well; where it
+    defaults to 25, the first bucket is 1 MiB whatever the cap."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    return inspect.signature(DistributedDataParallel).parameters["bucket_cap_mb"].default is None
+
+
+def ddp_bucket_refusal(cap_bytes: int, first_cap_bytes: int) -> str | None:
+    """Why ddp cannot take these bucket caps on this torch, or None where it can."""
+    defaults = (cap_bytes, first_cap_bytes) == (DEFAULT_CAP_BYTES, DEFAULT_FIRST_CAP_BYTES)
+    if defaults or ddp_takes_bucket_list():
+        return None
+    cap_mb, first_mb = cap_bytes / (1 << 20), first_cap_bytes / (1 << 20)
+    if ddp_first_bucket_is_cap():
+        if first_cap_bytes == cap_bytes:
+            return None
+        return (
+            f"--bucket-cap-mb {cap_mb:g} with --first-bucket-mb {first_mb:g} needs DistributedDataParallel's "
+            f"bucket_cap_mb_list, which torch {torch.__version__} lacks: there ddp's first bucket is 1 MiB "
+            f"under the default 25 MiB cap, else the cap itself (give --first-bucket-mb {cap_mb:g})"
+        )
+    if first_cap_bytes == DEFAULT_FIRST_CAP_BYTES:
+        return None
     return (
         f"--first-bucket-mb {first_mb:g} needs DistributedDataParallel's bucket_cap_mb_list, which "
         f"torch {torch.__version__} lacks (its first bucket is 1 MiB): leave it at 1 for ddp"
@@ -353,14 +380,16 @@ class DDPSync(GradSync):
 
     def _bucket_args(self) -> dict[str, Any]:
         """DDP's own defaults (25 MiB, first bucket 1 MiB) when asked for; else both caps, per
-        bucket. ValueError for a first cap of its own where this torch cannot take one."""
+        bucket, or the cap alone where this torch makes it the first bucket's too. ValueError for
+        caps this torch's DDP cannot take (see ``ddp_bucket_refusal``)."""
         if (self.cap_bytes, self.first_cap_bytes) == (DEFAULT_CAP_BYTES, DEFAULT_FIRST_CAP_BYTES):
             return {}
         cap_mb, first_mb = self.cap_bytes / (1 << 20), self.first_cap_bytes / (1 << 20)
         if ddp_takes_bucket_list():
             return {"bucket_cap_mb_list": [first_mb, cap_mb]}
-        if self.first_cap_bytes != DEFAULT_FIRST_CAP_BYTES:
-            raise ValueError(first_bucket_unsupported(first_mb))
+        refusal = ddp_bucket_refusal(self.cap_bytes, self.first_cap_bytes)
+        if refusal is not None:
+            raise ValueError(refusal)
         return {"bucket_cap_mb": cap_mb}
 
     def wrap(self, model: nn.Module) -> nn.Module:
