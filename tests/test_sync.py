@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -97,6 +98,44 @@ def test_ring_thread_selects_the_buffers_cuda_device(monkeypatch) -> None:
     assert ring.error is None
     cuda1 = torch.device("cuda", 1)
     assert seen == [("stamp", cuda1), ("all_reduce", cuda1), ("stamp", cuda1)]
+
+
+@pytest.mark.parametrize("strategy", ["naive", "ring"])
+def test_after_backward_times_the_allreduce_alone(monkeypatch, strategy) -> None:
+    """naive's and ring's communication interval began before the gradients were packed and ended
+    after they were divided and unpacked, local copies that bucketed and ddp leave outside theirs
+    (an mlp of 5.8M parameters here: about 100 ms of them a step on this 2-core machine, counted
+    as comm ms). The interval is the allreduce's now; the gradients are the mean as before."""
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    seen: list[str] = []
+
+    class _Clock:
+        def stamp(self) -> int:
+            seen.append("stamp")
+            return len(seen)
+
+    def logged(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            seen.append(name)
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(sync, "pack", logged("pack", sync.pack))
+    monkeypatch.setattr(sync, "unpack", logged("unpack", sync.unpack))
+    monkeypatch.setattr(sync.comm, "all_reduce", logged("all_reduce", lambda t, *a, **k: t.mul_(2)))
+    model = _model()
+    reference = copy.deepcopy(model)
+    _backward(reference)
+    grad_sync = sync.make_sync(strategy, _Clock())
+    grad_sync.wrap(model)
+    _backward(model)
+    grad_sync.after_backward()
+    assert seen == ["pack", "stamp", "all_reduce", "stamp", "unpack"]
+    ((start, end),) = grad_sync.take_intervals()
+    assert seen[start - 1 : end] == ["stamp", "all_reduce", "stamp"]
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)  # the two ranks' mean of equal gradients
 
 
 @pytest.mark.parametrize("strategy", ["naive", "bucketed"])

@@ -180,12 +180,14 @@ class AfterBackward(_HandWritten):
 
     def after_backward(self) -> None:
         assert self.flat is not None
-        start = self.clock.stamp()
         missing = _pack_with_flags(self.params, self.flat)
+        # Only the allreduce is communication: packing, the division and unpacking are local
+        # copies, outside the interval as bucketed's and ddp's are (they are exposed time all the same).
+        start = self.clock.stamp()
         comm.all_reduce(self.flat, op="sum", algorithm=self.algorithm, check=False)
+        self._record(start, self.clock.stamp())
         self.flat.div_(self.world)
         _unused_to_none(self.params, self.flat, missing)
-        self._record(start, self.clock.stamp())
 
 
 class _RingThread:
