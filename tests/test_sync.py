@@ -100,6 +100,31 @@ def test_ring_thread_selects_the_buffers_cuda_device(monkeypatch) -> None:
     assert seen == [("stamp", cuda1), ("all_reduce", cuda1), ("stamp", cuda1)]
 
 
+def test_bucketed_takes_its_hooks_off_the_model_when_closed(monkeypatch) -> None:
+    """close() left bucketed's gradient hooks on the model: a later backward of it (another
+    strategy's, a test's) counted down buckets and launched allreduces no other rank matched."""
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    launched: list[int] = []
+
+    def all_reduce(tensor: torch.Tensor, *a: Any, async_op: bool = False, **k: Any) -> _LateWork:
+        launched.append(tensor.numel())
+        return _LateWork(tensor)
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    model = _model()
+    bucketed = sync.Bucketed(CPU, cap_bytes=40, first_cap_bytes=20)
+    bucketed.wrap(model)
+    _backward(model)
+    bucketed.after_backward()
+    assert len(launched) == len(bucketed.buckets)
+    bucketed.close()
+    launched.clear()
+    model.zero_grad(set_to_none=True)
+    _backward(model)
+    assert launched == []
+    assert all(p.grad is not None for p in model.parameters())  # plain backward, as without a sync
+
+
 @pytest.mark.parametrize("strategy", ["naive", "ring"])
 def test_after_backward_times_the_allreduce_alone(monkeypatch, strategy) -> None:
     """naive's and ring's communication interval began before the gradients were packed and ended

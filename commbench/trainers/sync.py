@@ -246,6 +246,7 @@ class Bucketed(_HandWritten):
             raise ValueError(f"unknown transport {transport!r}; choose from {', '.join(TRANSPORTS)}")
         self.transport, self.cap_bytes, self.first_cap_bytes = transport, cap_bytes, first_cap_bytes
         self.ring: _RingThread | None = None
+        self.hooks: list[Any] = []
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self.params = packable(model)
@@ -258,8 +259,10 @@ class Bucketed(_HandWritten):
             torch.empty(b.numel + len(b.params), dtype=p0.dtype, device=p0.device) for b in self.buckets
         ]
         self.bucket_of = {i: b.index for b in self.buckets for i in b.params}
-        for i, p in enumerate(self.params):
+        self.hooks = [
             p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
+            for i, p in enumerate(self.params)
+        ]
         if self.transport == "ring":
             # A group of its own: the ring thread never shares a channel with the main thread.
             group = dist.new_group(backend=dist.get_backend(), timeout=p2p.group_timeout(None))
@@ -320,6 +323,10 @@ class Bucketed(_HandWritten):
         self.before_backward()
 
     def close(self) -> None:
+        # The hooks go with the sync: left on the model, its next backward would launch allreduces.
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
         if self.ring is not None:
             self.ring.close()
 
