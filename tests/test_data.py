@@ -173,6 +173,13 @@ def test_mnist_damaged_files_raise_value_error(tmp_path: Path, damage, message: 
         build_dataset("mnist", train=True, data_dir=tmp_path)
 
 
+def test_mnist_split_of_no_images_is_empty(tmp_path: Path) -> None:
+    """An IDX pair of 0 images is a well-formed split: torch.frombuffer refused its empty payload
+    with "both buffer length (0) and count (-1) must not be 0", naming no file."""
+    write_mnist(tmp_path, n_test=0)
+    assert len(build_dataset("mnist", train=False, data_dir=tmp_path)) == 0
+
+
 def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[:-5])
 
@@ -235,8 +242,22 @@ def test_cifar10_reads_python_pickles(tmp_path: Path) -> None:
             ),
             "one label per image",
         ),
+        # one number, not a list: len() raised a TypeError that named no file
+        (
+            lambda d: d.joinpath("data_batch_5").write_bytes(
+                pickle.dumps({b"data": np.zeros((3, 3072), np.uint8), b"labels": 7})
+            ),
+            "data_batch_5: 'labels' must list one label per image",
+        ),
+        # fractional labels were cut to integers without a word
+        (
+            lambda d: d.joinpath("data_batch_2").write_bytes(
+                pickle.dumps({b"data": np.zeros((3, 3072), np.uint8), b"labels": [0.5, 1.7, 2.0]})
+            ),
+            "data_batch_2: labels must be integers, got float64",
+        ),
     ],
-    ids=["missing", "garbage", "not-dict", "shape", "labels"],
+    ids=["missing", "garbage", "not-dict", "shape", "labels", "labels-not-a-list", "labels-fractional"],
 )
 def test_cifar10_damaged_files_raise_value_error(tmp_path: Path, damage, message: str) -> None:
     write_cifar10(tmp_path)

@@ -232,13 +232,14 @@ def load_mnist(data_dir: str | os.PathLike[str], *, train: bool) -> NormalizedIm
     (count,), label_bytes = _read_idx(label_path, 1)
     if count != dims[0]:
         raise ValueError(f"{label_path} has {count} labels for the {dims[0]} images of {image_path}")
-    images = torch.frombuffer(bytearray(pixels), dtype=torch.uint8).view(dims[0], *MNIST_SHAPE)
-    labels = torch.frombuffer(bytearray(label_bytes), dtype=torch.uint8).to(torch.int64)
+    # through numpy: torch.frombuffer refuses an empty buffer, a split of no images
+    images = torch.from_numpy(np.frombuffer(bytearray(pixels), dtype=np.uint8)).view(dims[0], *MNIST_SHAPE)
+    labels = torch.from_numpy(np.frombuffer(bytearray(label_bytes), dtype=np.uint8)).to(torch.int64)
     _check_labels(labels, label_path)
     return NormalizedImages(images, labels, MNIST_MEAN, MNIST_STD)
 
 
-def _read_cifar_batch(path: Path) -> tuple[np.ndarray, list[int]]:
+def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     # The batches are Python pickles, like torchvision's reader: only read data you trust.
     try:
         with open(path, "rb") as f:
@@ -251,9 +252,15 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, list[int]]:
     labels = batch.get(b"labels", batch.get("labels"))
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
         raise ValueError(f"{path}: 'data' must be a uint8 array of shape (n, 3072)")
-    if labels is None or len(labels) != len(data):
+    try:
+        label_array = np.asarray(labels)
+    except ValueError:  # a ragged list
+        label_array = np.asarray(None)
+    if label_array.ndim != 1 or len(label_array) != len(data):
         raise ValueError(f"{path}: 'labels' must list one label per image ({len(data)})")
-    return data, list(labels)
+    if len(label_array) and label_array.dtype.kind not in "iu":  # floats were cut to integers
+        raise ValueError(f"{path}: labels must be integers, got {label_array.dtype} values")
+    return data, label_array.astype(np.int64)
 
 
 def load_cifar10(data_dir: str | os.PathLike[str], *, train: bool) -> NormalizedImages:
@@ -262,10 +269,7 @@ def load_cifar10(data_dir: str | os.PathLike[str], *, train: bool) -> Normalized
     paths = [_find(batch_dir, name, gz_ok=False) for name in CIFAR10_FILES[train]]
     batches = [_read_cifar_batch(p) for p in paths]
     images = torch.from_numpy(np.concatenate([d for d, _ in batches])).view(-1, *CIFAR10_SHAPE)
-    try:
-        labels = torch.tensor([label for _, ls in batches for label in ls], dtype=torch.int64)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{batch_dir}: labels must be integers ({e})") from e
+    labels = torch.from_numpy(np.concatenate([ls for _, ls in batches]))
     if len(labels) and int(labels.min()) < 0:
         raise ValueError(f"{batch_dir}: negative label {int(labels.min())}")
     _check_labels(labels, batch_dir)
