@@ -83,7 +83,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "--first-bucket-mb",
         type=float,
         default=1.0,
-        help="first bucket's cap in MiB (default 1); ddp takes another where torch has bucket_cap_mb_list",
+        help="first bucket's cap in MiB (default 1); ddp takes any where torch has bucket_cap_mb_list, "
+        "else 1 under the default cap or the cap itself",
     )
     p.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation after each epoch")
     from commbench.bench.probing import add_probe_args
