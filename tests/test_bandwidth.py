@@ -5,6 +5,7 @@ errors with exit 2 for bad input; on CUDA the five copies."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 from collections.abc import Callable
 
@@ -136,6 +137,8 @@ def test_a_stopped_run_keeps_the_header_and_the_finished_kinds(
     assert err.count("\n") == 1 and err.startswith("commbench: interrupted") and str(out) in err
     header, *records = read_jsonl(out)
     assert header["type"] == "header" and [r["name"] for r in records] == [f"kind{i}" for i in range(kinds)]
+    # the command main was handed, not pytest's own
+    assert header["command"] == f"commbench bandwidth --size 4K --json {shlex.quote(str(out))}"
 
 
 def test_an_error_after_the_first_kind_leaves_it_in_the_file(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import contextlib
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -824,7 +825,11 @@ def test_ctrl_c_that_the_launcher_takes_in_a_finaliser_is_not_lost(tmp_path):
     ) as proc:
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and err.count("\n") == 1 and err.startswith("commbench: interrupted"), err
-    assert json.loads(path.read_text().splitlines()[0])["type"] == "header"
+    header = json.loads(path.read_text().splitlines()[0])
+    assert header["type"] == "header"
+    # main's words, not the script's: a study runs its commands through main so, in its own process
+    words = ["sweep", "-b", "4K", "-e", "4K", "-n", "1000000", "-w", "1", "-q", "--no-probe"]
+    assert header["command"] == shlex.join(["commbench", *words, "--json", str(path)])
 
 
 HELD_CTRL_C = """

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -271,6 +272,9 @@ def test_tiny_run_writes_the_report(name, tmp_path):
     result = study.run_study(config)
     outcomes, md = result.outcomes, result.report
     assert [o.returncode for o in outcomes] == [0] and result.stopped is None
+    # Each run's records name its own command, not the study's (the runs share this process).
+    header = json.loads(Path(outcomes[0].planned.json_path).read_text().splitlines()[0])
+    assert header["command"] == shlex.join(["commbench", *outcomes[0].argv])
     text = md.read_text()
     assert f"# Study {name}" in text and "## Results" in text and "FAILED" not in text
     group = outcomes[0].planned.group

@@ -209,7 +209,8 @@ def run(args: argparse.Namespace) -> int:
             if args.json:
                 from commbench.bench.machine import machine_info
 
-                writer.header(machine_info())  # first, so a stopped run still has a valid file
+                # first, so a stopped run still has a valid file
+                writer.header(machine_info(command=getattr(args, "command_line", None)))
             results = each_copy(args.size, device, iters=args.iters, warmup=WARMUP, pcie_limit_gbps=limit)
             for r in results:  # each kind written as it comes: a stopped run keeps the finished ones
                 try:  # a copy faster than its link is a broken measurement: an error, never a record

@@ -305,8 +305,9 @@ def check_device(device: str) -> None:
             raise ValueError("--device cuda asked for, but CUDA is not available here")
 
 
-def _sweep_rank(config: Any, device: str, plot_path: str | None) -> list[dict]:
-    """One rank of ``commbench sweep``; rank 0 writes, prints and plots."""
+def _sweep_rank(config: Any, device: str, plot_path: str | None, command: str | None = None) -> list[dict]:
+    """One rank of ``commbench sweep``; rank 0 writes, prints and plots (``command``: the command
+    line its header records, see :func:`~commbench.bench.machine.command_line`)."""
     import dataclasses
 
     import torch.distributed as dist
@@ -314,7 +315,7 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None) -> list[dict]:
     from commbench.bench.machine import machine_info
     from commbench.bench.sweep import Rank0Output, run_rank
 
-    sink = Rank0Output(config, machine_info(dist.get_backend())) if dist.get_rank() == 0 else None
+    sink = Rank0Output(config, machine_info(dist.get_backend(), command)) if dist.get_rank() == 0 else None
     try:
         records = run_rank(config, device, sink if sink is not None else (lambda kind, payload: None))
     finally:
@@ -390,13 +391,13 @@ def check_sweep_memory(config: Any, spec: Any, local: int | None = None) -> None
         )
 
 
-def cmd_sweep(config: Any, spec: Any, plot_path: str | None) -> int:
+def cmd_sweep(config: Any, spec: Any, plot_path: str | None, command: str | None = None) -> int:
     from commbench.bench import launch
     from commbench.bench.records import check_outputs
 
     check_sweep(config, spec)
     check_outputs(json=config.json_path, csv=config.csv_path, plot=plot_path, writes=launch.writes_outputs())
-    launch.run(_sweep_rank, (config, spec.device, plot_path), spec)
+    launch.run(_sweep_rank, (config, spec.device, plot_path, command), spec)
     return 0
 
 
@@ -643,11 +644,14 @@ def _main(argv: list[str] | None) -> int:
     args = None
     try:
         args = build_parser().parse_args(argv)
+        from commbench.bench.machine import command_line
+
+        args.command_line = command_line(argv)  # the records' header: this command's, not its caller's
         # The records file as it is before the run (a cluster's, named by its inner command, is
         # stamped by commbench.bench.cluster.run once it has parsed that).
         args.records_before = file_stamp(_records_path(args))
         if args.command == "sweep":
-            return cmd_sweep(sweep_config(args), launch_spec(args), args.plot)
+            return cmd_sweep(sweep_config(args), launch_spec(args), args.plot, args.command_line)
         if args.command == "summary":
             return cmd_summary(args.files, args.across)
         if args.command in ("report", "study", "profile"):
@@ -672,7 +676,7 @@ def _main(argv: list[str] | None) -> int:
             config = train.train_config(args)
             if train.runs_alone(args, config):
                 args.world_size = 1  # none, dp and vanilla-dp run in one process
-            return train.cmd_train(config, launch_spec(args))
+            return train.cmd_train(config, launch_spec(args), args.command_line)
         if args.command == "demo":
             if launch.launched_externally():  # every rank would start a demo of its own, into one file
                 raise ValueError(
@@ -706,7 +710,7 @@ def _main(argv: list[str] | None) -> int:
                 ]
                 + (["-q"] if args.quiet else [])
             )
-            code = cmd_sweep(sweep_config(demo), launch_spec(demo), demo.plot)
+            code = cmd_sweep(sweep_config(demo), launch_spec(demo), demo.plot, args.command_line)
             if not args.quiet:
                 print("\nrecords: results/demo.jsonl   plot: results/demo.png")
             return code

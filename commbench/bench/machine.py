@@ -9,6 +9,7 @@ import shlex
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,12 @@ def _gpus() -> dict[str, Any] | None:
             pynvml.nvmlShutdown()
 
 
-def _command() -> str:
-    """The command line as typed: ``python -m commbench`` and the script both read as commbench."""
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command line as typed: ``commbench`` and ``argv`` where the CLI was handed its words (a
+    study runs each of its commands so, in its own process, whose arguments are the study's), else
+    this process's own; ``python -m commbench`` and the script both read as commbench."""
+    if argv is not None:
+        return shlex.join(["commbench", *argv])
     first = sys.argv[0] if sys.argv else ""
     name = "commbench" if first.endswith(("__main__.py", "commbench")) else first
     return shlex.join([name, *sys.argv[1:]])
@@ -111,8 +116,9 @@ def _duplex() -> bool | str:
         return "invalid: " + os.environ.get(p2p.DUPLEX_ENV, "")
 
 
-def machine_info(backend: str | None = None) -> dict[str, Any]:
-    """Hostname, CPU, library versions, GPUs, commit and command line of this run."""
+def machine_info(backend: str | None = None, command: str | None = None) -> dict[str, Any]:
+    """Hostname, CPU, library versions, GPUs, commit and command line of this run (``command``, as
+    :func:`command_line` gave it in the process that parsed it; by default this process's own)."""
     import psutil
 
     nccl = None
@@ -141,5 +147,5 @@ def machine_info(backend: str | None = None) -> dict[str, Any]:
         "gloo_duplex": _duplex(),
         "commit": commit,
         "commit_modified": modified,
-        "command": _command(),
+        "command": command_line() if command is None else command,
     }

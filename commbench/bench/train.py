@@ -208,7 +208,9 @@ def _title(config: Any, first: dict[str, Any]) -> str:
     )
 
 
-def _train_rank(config: Any, device: str) -> list[dict]:
+def _train_rank(config: Any, device: str, command: str | None = None) -> list[dict]:
+    """One rank of ``commbench train`` or ``compare``; rank 0 writes the records, whose header
+    records ``command`` (see :func:`~commbench.bench.machine.command_line`)."""
     import torch
     import torch.distributed as dist
 
@@ -223,7 +225,7 @@ def _train_rank(config: Any, device: str) -> list[dict]:
     probe_record = None
     try:
         if rank0:
-            info = machine_info(dist.get_backend())
+            info = machine_info(dist.get_backend(), command)
             writer.header({**info, "config": dataclasses.asdict(config)})
             if config.probe:
                 from commbench.bench.probing import RunProbe
@@ -320,7 +322,7 @@ def check_launch(config: Any, world_size: int, device: str) -> None:
         raise ValueError("searching the largest batch (--batch-size 0) needs --device cuda")
 
 
-def cmd_train(config: Any, spec: Any) -> int:
+def cmd_train(config: Any, spec: Any, command: str | None = None) -> int:
     from commbench.bench import launch
     from commbench.bench.records import check_outputs
 
@@ -333,7 +335,7 @@ def cmd_train(config: Any, spec: Any) -> int:
         build_dataset(config.dataset, train=True, data_dir=config.data_dir, num_samples=config.samples)
         if config.evaluate:
             build_dataset(config.dataset, train=False, data_dir=config.data_dir)
-    launch.run(_train_rank, (config, spec.device), spec)
+    launch.run(_train_rank, (config, spec.device, command), spec)
     return 0
 
 
