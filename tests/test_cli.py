@@ -1337,3 +1337,34 @@ def test_records_named_by_one_of_the_commands_file_descriptors_reach_it(tmp_path
     kinds = [json.loads(line)["type"] for line in paths[0].read_text().splitlines()]
     assert kinds == ["header"] + ["sweep"] * 4
     assert paths[1].read_text().startswith("collective,") and len(paths[1].read_text().splitlines()) == 5
+
+
+def test_a_sweep_whose_check_finds_wrong_elements_fails_as_nccl_tests_does(tmp_path, monkeypatch, capsys):
+    """#wrong was a column and no more: the sweep exited 0, so a script, or a study's report, took a
+    broken collective for a measured one (nccl-tests exits with a failure on any wrong value)."""
+    import torch.distributed as dist
+
+    from commbench.bench import launch
+    from commbench.bench.collectives import AllReduce
+
+    monkeypatch.setattr(AllReduce, "wrong", lambda self, b, op, rank, world, root: 3)
+
+    def in_this_process(fn, args, spec):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        try:
+            return {0: fn(*args)}
+        finally:
+            dist.destroy_process_group()
+
+    monkeypatch.setattr(launch, "run", in_this_process)
+    out = tmp_path / "r.jsonl"
+    argv = ["sweep", "-b", "1K", "-e", "2K", "-n", "1", "-w", "0", "-a", "builtin,ring", "--no-probe", "-q",
+            "--world-size", "1", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 1
+    assert capsys.readouterr().err == (
+        "commbench: wrong results in 4 of 6 points (elements over all ranks that differ from the closed "
+        "form): all_reduce builtin at 1024 B (3), all_reduce ring at 1024 B (3), all_reduce builtin at "
+        "2048 B (3) and 1 more\n"
+    )
+    records = [json.loads(line) for line in out.read_text().splitlines()[1:]]
+    assert [r["wrong"] for r in records] == [3, 3, 0] * 2  # every point is kept, the limit's right

@@ -101,7 +101,7 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
         type=int,
         choices=(0, 1),
         default=1,
-        help="check results against the closed form (default 1)",
+        help="check results against the closed form (default 1); any wrong element fails the run, exit 1",
     )
     p.add_argument("-d", "--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
     p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)}")
@@ -397,8 +397,30 @@ def cmd_sweep(config: Any, spec: Any, plot_path: str | None, command: str | None
 
     check_sweep(config, spec)
     check_outputs(json=config.json_path, csv=config.csv_path, plot=plot_path, writes=launch.writes_outputs())
-    launch.run(_sweep_rank, (config, spec.device, plot_path, command), spec)
+    results = launch.run(_sweep_rank, (config, spec.device, plot_path, command), spec)
+    # Each rank's points carry the wrong elements of every rank (summed): any rank's tell.
+    wrong = wrong_results(next(iter(results.values()), []))
+    if wrong is not None:
+        print(f"commbench: {wrong}", file=sys.stderr)
+        return 1
     return 0
+
+
+def wrong_results(rows: list[dict]) -> str | None:
+    """The line that fails a sweep whose check found wrong elements, as nccl-tests exits with a
+    failure on any "out of bounds value"; None where every checked point was right. The points
+    stay in the records, their #wrong beside them."""
+    bad = [r for r in rows if r.get("wrong")]
+    if not bad:
+        return None
+    shown = ", ".join(
+        f"{r['collective']} {r['algorithm']} at {r['size_bytes']} B ({r['wrong']})" for r in bad[:3]
+    )
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return (
+        f"wrong results in {len(bad)} of {len(rows)} points (elements over all ranks that differ from "
+        f"the closed form): {shown}{more}"
+    )
 
 
 def _sweep_file(path: str) -> tuple[dict, list[dict]]:
