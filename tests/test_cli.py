@@ -980,6 +980,25 @@ def test_the_interrupted_message_counts_points_past_a_line_cut_short(tmp_path):
     assert _kept(str(path)) == f"; finished points are in {path}"
 
 
+def test_the_interrupted_message_reads_a_csv_and_a_file_never_written(tmp_path):
+    """A sweep with --csv alone kept its finished rows and said nothing of them, and a stop before
+    the run opened its records said a file that was not there 'holds no points'."""
+    from commbench.bench.cli import _kept, _records_path, build_parser
+
+    rows = tmp_path / "r.csv"
+    args = build_parser().parse_args(["sweep", "--csv", str(rows)])
+    assert _records_path(args) == str(rows)
+    assert _kept(str(rows), None, csv=True) == f"; nothing had finished, {rows} was not written"
+    rows.write_text("")  # opened, no point yet: the header line comes with the first
+    assert _kept(str(rows), None, csv=True) == f"; nothing had finished, {rows} holds no points"
+    rows.write_text("size_bytes,time_us\n1024,5.0\n2048,6")  # the second cut short by the stop
+    assert _kept(str(rows), None, csv=True) == f"; finished points are in {rows}"
+    rows.write_text("size_bytes,time_us\n1024,5")
+    assert _kept(str(rows), None, csv=True) == f"; nothing had finished, {rows} holds no points"
+    both = build_parser().parse_args(["sweep", "--csv", str(rows), "--json", str(tmp_path / "r.jsonl")])
+    assert _records_path(both) == str(tmp_path / "r.jsonl")
+
+
 def test_a_descriptor_the_command_was_not_given_is_refused_as_an_output():
     """/dev/fd/N where N is a descriptor commbench opened itself (the rank server's pipes, the
     resource tracker's) passed, and the records went into that pipe, exit 0."""

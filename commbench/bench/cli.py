@@ -554,38 +554,45 @@ def _import_launch() -> Any:
     return launch
 
 
-def _kept(path: str | None, before: tuple[int, int, int] | None = None) -> str:
-    """What an interrupted run left in ``path``, for its one-line message; ``before`` is the
-    file's :func:`~commbench.bench.records.file_stamp` when the run began: a file this run never
-    wrote holds an earlier run's points, not its own."""
+def _kept(path: str | None, before: tuple[int, int, int] | None = None, *, csv: bool = False) -> str:
+    """What an interrupted run left in ``path`` (JSON Lines, or with ``csv`` a CSV file), for its
+    one-line message; ``before`` is the file's :func:`~commbench.bench.records.file_stamp` when the
+    run began: a file this run never wrote holds an earlier run's points, not its own."""
     if not path:
         return ""
     from commbench.bench.records import is_stream, shown
 
     if is_stream(path):  # a pipe or a terminal (/dev/stdout, >(jq .)): no stamp, nothing to read back
         return f"; each point went to {shown(path)} as it finished"
-    if before is not None and file_stamp(path) == before:
+    now = file_stamp(path)
+    if now is None and before is None:  # stopped before the run opened it
+        return f"; nothing had finished, {shown(path)} was not written"
+    if before is not None and now == before:
         return f"; nothing had finished, {shown(path)} is as it was before this run"
     import json
 
     try:
-        lines = Path(path).read_text(errors="replace").splitlines()
+        text = Path(path).read_text(errors="replace")
     except OSError:
-        lines = []
-    points = 0
-    for line in lines:  # a line cut short by the stop does not hide the ones before it
-        try:
-            points += json.loads(line).get("type") not in ("header", "probe")
-        except (ValueError, AttributeError):
-            pass
+        text = ""
+    if csv:  # a header line with the first point, then a line each; one cut short is no point
+        points = max(text.count("\n") - 1, 0)
+    else:
+        points = 0
+        for line in text.splitlines():  # a line cut short by the stop does not hide the ones before
+            try:
+                points += json.loads(line).get("type") not in ("header", "probe")
+            except (ValueError, AttributeError):
+                pass
     if points:
         return f"; finished points are in {shown(path)}"
     return f"; nothing had finished, {shown(path)} holds no points"
 
 
 def _records_path(args: argparse.Namespace) -> str | None:
-    """The JSON Lines file the command writes its finished points to, if any."""
-    return getattr(args, "json", None) or ("results/demo.jsonl" if args.command == "demo" else None)
+    """The file the command writes its finished points to, if any: JSON Lines, else a sweep's CSV."""
+    json_path = getattr(args, "json", None) or ("results/demo.jsonl" if args.command == "demo" else None)
+    return json_path or getattr(args, "csv", None)
 
 
 # Commands that start local ranks in this process (profile and cluster start commbench processes).
@@ -753,7 +760,10 @@ def _main(argv: list[str] | None) -> int:
         from commbench.bench import signals  # loaded already, by the launcher's module
 
         signals.ignore_further(exiting=True)  # a second Ctrl-C would cut the exit's clean-up short
-        kept = _kept(_records_path(args), getattr(args, "records_before", None)) if args else ""
+        kept = ""
+        if args:
+            path = _records_path(args)
+            kept = _kept(path, getattr(args, "records_before", None), csv=path == getattr(args, "csv", None))
         print("commbench: interrupted" + kept, file=sys.stderr)
         return 128 + getattr(exc, "signum", 2)
     except BrokenPipeError:
