@@ -381,6 +381,19 @@ def _run_file(path: Path, world: int, ratios: dict[int, float], block: int | Non
     return path
 
 
+def test_summary_across_one_rank_sweeps_says_why_there_are_no_ratios(tmp_path, capsys):
+    """At one rank builtin was swept, yet --across asked for builtin among the algorithms: its bus
+    bandwidth is 0 there (all_reduce's factor 2(n-1)/n), so no ratio is taken."""
+    runs = [str(tmp_path / f"{name}.jsonl") for name in "ab"]
+    sweep = ["sweep", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "-a", "builtin,ring", "--world-size", "1"]
+    for path in runs:
+        assert main([*sweep, "--json", path]) == 0
+    capsys.readouterr()
+    assert main(["summary", "--across", *runs]) == 0
+    out = capsys.readouterr().out
+    assert "no ratios to builtin: its bus bandwidth is 0" in out and "among the algorithms" not in out
+
+
 def test_summary_across_runs_gives_mean_range_and_counts_under(tmp_path, capsys):
     runs = [
         _run_file(tmp_path / "a.jsonl", 4, {1024: 1.2, 2048: 0.85}),
