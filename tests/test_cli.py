@@ -1400,3 +1400,23 @@ def test_a_sweep_whose_check_finds_wrong_elements_fails_as_nccl_tests_does(tmp_p
     )
     records = [json.loads(line) for line in out.read_text().splitlines()[1:]]
     assert [r["wrong"] for r in records] == [3, 3, 0] * 2  # every point is kept, the limit's right
+
+
+def test_every_option_with_a_default_names_it_in_its_help():
+    """-b, -e, -f, -r, -d, -o, --collective and --device gave no default in sweep --help (nccl-tests
+    prints its own); a new option would slip the same way."""
+    import argparse
+
+    from commbench.bench.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    silent = [
+        f"{name} {action.option_strings[0]}"
+        for name, command in commands.items()
+        for action in command._actions
+        if action.option_strings
+        and action.default not in (None, False, [], argparse.SUPPRESS)
+        and "default" not in (action.help or "")
+    ]
+    assert silent == []

@@ -58,7 +58,9 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="process-group backend (default: nccl on cuda, gloo on cpu)",
     )
-    g.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where tensors live")
+    g.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where tensors live (default cpu)"
+    )
     g.add_argument(
         "--timeout",
         type=float,
@@ -71,7 +73,9 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     from commbench.bench.collectives import SPECS
     from commbench.comm import ALGORITHMS, DTYPES, OPS
 
-    p.add_argument("--collective", default="all_reduce", help=f"one of {', '.join(SPECS)}")
+    p.add_argument(
+        "--collective", default="all_reduce", help=f"one of {', '.join(SPECS)} (default all_reduce)"
+    )
     p.add_argument(
         "-a",
         "--algorithms",
@@ -81,10 +85,16 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
         + "; sendrecv: p2p. ALGORITHM@SIZE runs a segmented algorithm (ring, auto, p2p) with pipeline "
         + "segments of SIZE, e.g. -a builtin,ring,ring@2M to compare segment sizes side by side",
     )
-    p.add_argument("-b", "--minbytes", type=_size, default=_size("1K"), help=f"smallest size, {SIZE_HELP}")
-    p.add_argument("-e", "--maxbytes", type=_size, default=_size("64M"), help=f"largest size, {SIZE_HELP}")
+    p.add_argument(
+        "-b", "--minbytes", type=_size, default=_size("1K"), help=f"smallest size (default 1K), {SIZE_HELP}"
+    )
+    p.add_argument(
+        "-e", "--maxbytes", type=_size, default=_size("64M"), help=f"largest size (default 64M), {SIZE_HELP}"
+    )
     step = p.add_mutually_exclusive_group()
-    step.add_argument("-f", "--stepfactor", type=float, default=2.0, help="multiply the size by this")
+    step.add_argument(
+        "-f", "--stepfactor", type=float, default=2.0, help="multiply the size by this (default 2)"
+    )
     step.add_argument("-i", "--stepbytes", type=_size, default=None, help=f"or add this, {SIZE_HELP}")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
     p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations first (default 5)")
@@ -103,9 +113,9 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
         default=1,
         help="check results against the closed form (default 1); any wrong element fails the run, exit 1",
     )
-    p.add_argument("-d", "--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
-    p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)}")
-    p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce")
+    p.add_argument("-d", "--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
+    p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)} (default sum)")
+    p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce (default 0)")
     p.add_argument("--no-limit", action="store_true", help="skip the send/recv transport-limit series")
     from commbench.bench.probing import add_probe_args
 

@@ -1049,7 +1049,9 @@ def add_parser(sub: Any) -> None:
         help="directory to write into (default ./report)",
     )
     p.add_argument("--baseline", nargs="+", default=[], help="JSON Lines of the run to compare against")
-    p.add_argument("--title", default="commbench report", help="the report's title")
+    p.add_argument(
+        "--title", default="commbench report", help="the report's title (default: commbench report)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,7 +31,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="synthetic", help=f"one of {', '.join(DATASETS)} (default synthetic)")
     p.add_argument("--data-dir", default=None, help="directory holding mnist/cifar10 in torchvision's layout")
     p.add_argument(
-        "--replicate", type=int, default=1, help="repeat the training set this many times (1, 4, 8)"
+        "--replicate",
+        type=int,
+        default=1,
+        help="repeat the training set this many times (1, 4, 8; default 1)",
     )
     p.add_argument(
         "--samples",
@@ -71,7 +74,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "--transport",
         choices=TRANSPORTS,
         default="backend",
-        help="bucketed: the backend's async allreduce or the hand-written ring on its own thread",
+        help="bucketed: the backend's async allreduce (default) or the hand-written ring on its own thread",
     )
     p.add_argument(
         "--bucket-cap-mb",
