@@ -224,3 +224,13 @@ def test_a_one_process_strategy_under_torchrun_is_refused_without_naming_an_opti
     assert main(["train", "--strategy", "none", "--world-size", "2", "-q", "--no-probe"]) == 2
     err = capsys.readouterr().err
     assert err.endswith("not on 2 ranks: leave out --world-size, or give 1\n"), err
+
+
+def test_the_table_is_headed_by_the_command_that_ran() -> None:
+    """commbench train printed its table under '# commbench compare:'."""
+    from commbench.bench.train import _title
+    from commbench.trainers.loop import TrainConfig
+
+    first = {"trainable_params": 10, "world_size": 2, "backend": "gloo", "device": "cpu", "batch_size": 8}
+    assert _title(TrainConfig(strategies=("ring",)), first).startswith("# commbench train: mlp (10 trainable")
+    assert _title(TrainConfig(strategies=("ring", "ddp")), first).startswith("# commbench compare: mlp")

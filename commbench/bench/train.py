@@ -34,7 +34,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "--replicate",
         type=int,
         default=1,
-        help="repeat the training set this many times (1, 4, 8; default 1)",
+        help="repeat the training set this many times, 1 or more (4x, 8x MNIST: 4, 8; default 1)",
     )
     p.add_argument(
         "--samples",
@@ -200,8 +200,9 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
 
 
 def _title(config: Any, first: dict[str, Any]) -> str:
+    command = "compare" if len(config.strategies) > 1 else "train"  # compare of one strategy is a train
     return (
-        f"# commbench compare: {config.model} ({first['trainable_params']:,} trainable parameters) on "
+        f"# commbench {command}: {config.model} ({first['trainable_params']:,} trainable parameters) on "
         f"{config.dataset}, {first['world_size']} ranks, backend {first['backend']}, "
         f"device {first['device']}, "
         f"batch {first['batch_size']}/rank\n"
