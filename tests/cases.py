@@ -363,6 +363,34 @@ def _in_place_reduce_scatter(case: dict[str, Any]) -> list[str]:
     return failures
 
 
+def _shapes(case: dict[str, Any]) -> list[str]:
+    """reduce_scatter and all_gather on tensors of other shapes with the right element counts, every
+    algorithm (builtin and auto too), against the closed form: rank r's input holds r + 1."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failures = []
+    for big, small in (((2, 3 * world), (6,)), ((6 * world,), (2, 3)), ((world, 3, 2), (3, 2))):
+        for algorithm in comm.ALGORITHMS["reduce_scatter"]:
+            output = torch.zeros(small)
+            try:
+                comm.reduce_scatter(output, torch.full(big, rank + 1.0), "sum", algorithm)
+                wrong = not torch.all(output == world * (world + 1) / 2)
+            except RuntimeError as exc:
+                wrong = str(exc).splitlines()[0]
+            if wrong:
+                failures.append(f"reduce_scatter {algorithm} {big} -> {small} on rank {rank}: {wrong}")
+        for algorithm in comm.ALGORITHMS["all_gather"]:
+            output = torch.zeros(big)
+            try:
+                comm.all_gather(output, torch.full(small, rank + 1.0), algorithm)
+                expected = torch.arange(1, world + 1.0).repeat_interleave(6)
+                wrong = not torch.equal(output.view(-1), expected)
+            except RuntimeError as exc:
+                wrong = str(exc).splitlines()[0]
+            if wrong:
+                failures.append(f"all_gather {algorithm} {small} -> {big} on rank {rank}: {wrong}")
+    return failures
+
+
 def _routes(case: dict[str, Any]) -> dict[str, Any]:
     """After one hand-written allreduce: which group carries each direction, and what gloo sends through."""
     tensor = torch.ones(1000)
@@ -663,6 +691,7 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "validation": _validation,
         "membership": _membership,
         "in_place_rs": _in_place_reduce_scatter,
+        "shapes": _shapes,
         "routes": _routes,
         "routes_off": _routes_off,
         "subgroups_of_two": _subgroups_of_two,
