@@ -391,6 +391,40 @@ def _shapes(case: dict[str, Any]) -> list[str]:
     return failures
 
 
+def _aliased(case: dict[str, Any]) -> list[str]:
+    """all_gather with its input anywhere in its output, and reduce_scatter with its output anywhere
+    in or beside its input, every algorithm, against the closed form: what the backend's own take."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    m, failures = 3, []
+    gathered = torch.cat([torch.arange(m) + 10.0 * r for r in range(world)])
+    for algorithm in comm.ALGORITHMS["all_gather"]:
+        for at in range(m * (world - 1) + 1):
+            output = torch.full((m * world,), -1.0)
+            input = output[at : at + m]
+            input.copy_(torch.arange(m) + 10.0 * rank)
+            try:
+                comm.all_gather(output, input, algorithm)
+                wrong = output.tolist() if not torch.equal(output, gathered) else None
+            except RuntimeError as exc:
+                wrong = str(exc).splitlines()[0]
+            if wrong:
+                failures.append(f"all_gather {algorithm}, input at {at}, on rank {rank}: {wrong}")
+    reduced = (torch.arange(m * world) * world * (world + 1) / 2)[rank * m : (rank + 1) * m]
+    for algorithm in comm.ALGORITHMS["reduce_scatter"]:
+        for at in range(m * world + 1):
+            buffer = torch.zeros(m * world + m)
+            input, output = buffer[: m * world], buffer[at : at + m]
+            input.copy_(torch.arange(m * world) * (rank + 1.0))
+            try:
+                comm.reduce_scatter(output, input, "sum", algorithm)
+                wrong = output.tolist() if not torch.equal(output, reduced) else None
+            except RuntimeError as exc:
+                wrong = str(exc).splitlines()[0]
+            if wrong:
+                failures.append(f"reduce_scatter {algorithm}, output at {at}, on rank {rank}: {wrong}")
+    return failures
+
+
 def _routes(case: dict[str, Any]) -> dict[str, Any]:
     """After one hand-written allreduce: which group carries each direction, and what gloo sends through."""
     tensor = torch.ones(1000)
@@ -692,6 +726,7 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "membership": _membership,
         "in_place_rs": _in_place_reduce_scatter,
         "shapes": _shapes,
+        "aliased": _aliased,
         "routes": _routes,
         "routes_off": _routes_off,
         "subgroups_of_two": _subgroups_of_two,

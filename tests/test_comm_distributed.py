@@ -259,6 +259,15 @@ def test_gathered_and_scattered_tensors_of_any_shape_with_the_right_sizes(worlds
     assert worlds(world_size).run(("shapes", {})) == [[]] * world_size
 
 
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_inputs_and_outputs_that_share_memory_anywhere(worlds, world_size):
+    """An all_gather input that overlaps its own part of the output in part was refused by torch's
+    copy on the ranks where it did (the others waited for them until the timeout), and naive sent
+    the input after that copy had changed it; gloo's own takes it. A one-rank naive reduce_scatter
+    into an output that overlaps its input in part was refused the same way."""
+    assert worlds(world_size).run(("aliased", {})) == [[]] * world_size
+
+
 def test_bad_arguments_raise_clear_errors(worlds):
     expected = {
         "non-contiguous": "contiguous",

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from commbench.comm import p2p
-from commbench.comm.workspace import Workspace, scratch
+from commbench.comm.workspace import Workspace, copy_into, scratch
 from commbench.kernels import reduce_into
 
 ROOT = 0
@@ -93,7 +93,7 @@ def reduce_scatter(
     flat_in, flat_out = input.view(-1), output.view(-1)
     m = flat_out.numel()
     if world == 1 or m == 0:
-        flat_out.copy_(flat_in)
+        copy_into(flat_out, flat_in)
     elif rank == ROOT:
         total = scratch(workspace, "naive.total", (flat_in.numel(),), flat_in)
         _reduce_at(flat_in, total, ROOT, op, group, workspace)
@@ -118,11 +118,12 @@ def all_gather(
     rank, world = p2p.group_rank(group)
     m = input.numel()
     flat = output.view(-1)
-    flat[rank * m : (rank + 1) * m].copy_(input.view(-1))
+    own = flat[rank * m : (rank + 1) * m]
+    copy_into(own, input.view(-1))
     if world == 1 or m == 0:
         return
     if rank == ROOT:
         p2p.wait_all([p2p.recv(flat[r * m : (r + 1) * m], r, group) for r in range(world) if r != ROOT])
-    else:
-        p2p.wait_all([p2p.send(input.view(-1), ROOT, group)])
+    else:  # own, not input: an input that overlaps it in part was changed by the copy
+        p2p.wait_all([p2p.send(own, ROOT, group)])
     _scatter_whole(flat, ROOT, group)

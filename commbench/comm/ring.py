@@ -22,7 +22,7 @@ from commbench.comm.chunking import (
     sub_span,
 )
 from commbench.comm.pipeline import Unit
-from commbench.comm.workspace import Workspace, plan, scratch
+from commbench.comm.workspace import Workspace, copy_into, overlaps, plan, scratch
 
 # Pipeline segment. Over gloo on the 2-core CI-class VMs every message costs a round trip and
 # the wake-up of a waiting thread, which outweighs what finer pipelining overlaps: measured side by
@@ -96,14 +96,6 @@ def _all_gather_units(flat: torch.Tensor, chunks: list[Span], rank: int, world: 
 def _where(flat: torch.Tensor) -> tuple:
     """What a schedule's views of ``flat`` depend on (a key for :func:`plan`)."""
     return flat.data_ptr(), flat.numel(), flat.dtype, flat.device
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two contiguous tensors share memory."""
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def _plan(chunks: list[Span], flat: torch.Tensor, segment_bytes: int, group) -> tuple[int, int]:
@@ -219,7 +211,7 @@ def reduce_scatter(
     flat_out, flat_in = output.view(-1), input.view(-1)
     target = (
         scratch(workspace, "ring.out", (flat_out.numel(),), flat_out)
-        if _overlap(flat_out, flat_in)
+        if overlaps(flat_out, flat_in)
         else flat_out
     )
     _reduce_scatter_equal(target, flat_in, op, group, segment_bytes, workspace)
@@ -241,7 +233,7 @@ def all_gather(
     rank, world = p2p.group_rank(group)
     m = input.numel()
     flat = output.view(-1)
-    flat[rank * m : (rank + 1) * m].copy_(input.view(-1))
+    copy_into(flat[rank * m : (rank + 1) * m], input.view(-1))
     if world > 1 and m > 0:
         chunks = [(i * m, (i + 1) * m) for i in range(world)]
         nseg, ahead = _plan(chunks, flat, segment_bytes, group)

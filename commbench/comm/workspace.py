@@ -56,6 +56,23 @@ class Workspace:
         return made
 
 
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share memory."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` for contiguous tensors of one size that may share memory: torch refuses a
+    copy between two that overlap in part, so such a ``src`` is copied aside first. (An all_gather's
+    input may lie anywhere in its output, as the backend's own takes it.)"""
+    if dst.data_ptr() != src.data_ptr() and overlaps(dst, src):
+        src = src.clone()
+    dst.copy_(src)
+
+
 def scratch(
     workspace: Workspace | None,
     name: str,
