@@ -563,6 +563,42 @@ def _rank_process(owner: int, host: int, timeout_s: float = 120) -> int:
     raise AssertionError(f"no rank process appeared in {ns}")
 
 
+# Loaded by every Python process of the run through PYTHONPATH: each rank's check counts 3 wrong.
+_WRONG_CHECK = """
+from commbench.bench import collectives
+collectives.AllReduce.wrong = lambda self, *args: 3
+"""
+
+
+@needs_privileges
+def test_wrong_results_keep_the_cluster_record_and_report_then_fail(tmp_path):
+    """A sweep with wrong elements exits 1 on each host (as nccl-tests fails); the cluster took that
+    for a crashed rank ('rank 0 failed'), and the cluster record and each host's bytes were lost."""
+    (tmp_path / "sitecustomize.py").write_text(_WRONG_CHECK)
+    out = tmp_path / "w.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    argv = [sys.executable, "-m", "commbench", "cluster", "--hosts", "2", "--", "sweep", "-a", "ring"]
+    argv += ["-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--no-limit", "--no-probe", "--json", str(out)]
+    before = _root_state()
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        said, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    wrong = "all_reduce ring at 1024 B (6)"  # 3 on each of the 2 ranks, summed
+    assert proc.returncode == 1 and err.endswith(f"the closed form): {wrong}\n"), err[-2000:]
+    assert "commbench: wrong results in 1 of 1 points" in err and "failed" not in err, err[-2000:]
+    assert "198.18." in said, said  # the cluster's report of each host's bytes
+    assert [json.loads(line)["type"] for line in out.read_text().splitlines()] == [
+        "header",
+        "sweep",
+        "cluster",
+    ]
+    _assert_clean(proc.pid, before)
+
+
 @needs_privileges
 def test_killed_rank_fails_the_run_by_name_and_cleans_up():
     before = _root_state()

@@ -233,6 +233,12 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
             raise Interrupted(stopped[0])
         if not getattr(inner, "quiet", False):  # -q on the command: no tables, the cluster's neither
             print(report(config, hosts, records), flush=True)
+    from commbench.bench.cli import wrong_results
+
+    wrong = wrong_results([r for r in records if r.get("type") == "sweep"])
+    if wrong is not None:  # every host measured every size: its records and the report stand
+        print(f"commbench: {wrong}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -428,13 +434,25 @@ def stale_scratch(directory: Path, alive: Callable[[int], bool]) -> list[Path]:
     return sorted(out)
 
 
+# What a host's sweep prints last where it measured every size and its check found wrong elements
+# (exit 1, as nccl-tests): the run ended, its records are whole, and the cluster reports them first.
+WRONG_RESULTS = "commbench: wrong results in "
+
+
 def _wait(procs: Sequence[subprocess.Popen], logs: Sequence[Path]) -> None:
-    """Until every host ends well; on a failure, raise the one that came first (RankFailed)."""
+    """Until every host ends well (or with wrong results only, see WRONG_RESULTS); on a failure,
+    raise the one that came first (RankFailed)."""
     failed: dict[int, float] = {}
+    wrong: set[int] = set()
     while True:
         now = time.monotonic()
         for i, p in enumerate(procs):
-            if i not in failed and p.poll() not in (None, 0):
+            if i in failed or i in wrong or p.poll() in (None, 0):
+                continue
+            tail = _tail(logs[i])
+            if p.poll() == 1 and rank_exit_code(tail) == 1 and WRONG_RESULTS in tail:
+                wrong.add(i)
+            else:
                 failed[i] = now
         ended = all(p.poll() is not None for p in procs)
         if failed and (ended or now - min(failed.values()) > FAILURE_GRACE_S):
@@ -445,7 +463,7 @@ def _wait(procs: Sequence[subprocess.Popen], logs: Sequence[Path]) -> None:
                     for i, t in failed.items()
                 }
             )
-        if not failed and all(p.poll() == 0 for p in procs):
+        if not failed and all(p.poll() == 0 or i in wrong for i, p in enumerate(procs)):
             return
         time.sleep(0.05)
 
