@@ -392,6 +392,12 @@ def test_summary_across_one_rank_sweeps_says_why_there_are_no_ratios(tmp_path, c
     assert main(["summary", "--across", *runs]) == 0
     out = capsys.readouterr().out
     assert "no ratios to builtin: its bus bandwidth is 0" in out and "among the algorithms" not in out
+    alone = [str(tmp_path / f"{name}.jsonl") for name in "cd"]  # two ranks, builtin alone
+    for path in alone:
+        assert main([*sweep[:-4], "-a", "builtin", "--world-size", "2", "--no-limit", "--json", path]) == 0
+    capsys.readouterr()
+    assert main(["summary", "--across", *alone]) == 0
+    assert "(no ratios to builtin: no other algorithm was swept)" in capsys.readouterr().out
 
 
 def test_summary_across_runs_gives_mean_range_and_counts_under(tmp_path, capsys):

@@ -148,13 +148,13 @@ def spread_table(runs: Sequence[Sequence[dict[str, Any]]]) -> str:
     builtin as mean [lowest, highest], and in how many runs it fell under 0.9 and under 1.0."""
     ratios: dict[int, dict[str, list[float]]] = {}
     algos: list[str] = []
-    builtin = False
+    builtin: set[bool] = set()  # whether each builtin point's busbw was 0
     for records in runs:
         for r in records:
             if r.get("type") != "sweep" or r["collective"] == "sendrecv":
                 continue
             if r["algorithm"] == "builtin":
-                builtin = True
+                builtin.add(not r.get("busbw_gbps"))
                 continue
             if r.get("busbw_ratio_to_builtin") is None:
                 continue
@@ -163,8 +163,12 @@ def spread_table(runs: Sequence[Sequence[dict[str, Any]]]) -> str:
             ratios.setdefault(r["size_bytes"], {}).setdefault(r["algorithm"], []).append(
                 r["busbw_ratio_to_builtin"]
             )
-    if not ratios and builtin:  # builtin's busbw was 0: a reducing collective's bus factor at one rank
-        return "(no ratios to builtin: its bus bandwidth is 0, as for a reducing collective on one rank)"
+    if (
+        not ratios and True in builtin
+    ):  # the bus factor of every collective but broadcast and reduce at one rank
+        return "(no ratios to builtin: its bus bandwidth is 0, as on one rank)"
+    if not ratios and builtin:
+        return "(no ratios to builtin: no other algorithm was swept)"
     if not ratios:
         return "(no ratios to builtin: sweep with builtin among the algorithms)"
     head = ["size (B)"] + [f"{a} / builtin: mean [low, high] (< 0.9, < 1.0 of runs)" for a in algos]
