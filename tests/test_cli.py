@@ -1422,7 +1422,9 @@ def test_every_option_with_a_default_names_it_in_its_help():
         for name, command in commands.items()
         for action in command._actions
         if action.option_strings
-        and action.default not in (None, False, [], argparse.SUPPRESS)
+        # by identity: 0 == False, and "not in (None, False, ...)" passed over every default of 0
+        and not any(action.default is empty for empty in (None, False, argparse.SUPPRESS))
+        and action.default != []
         and "default" not in (action.help or "")
     ]
     assert silent == []
