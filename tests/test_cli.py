@@ -8,6 +8,7 @@ import contextlib
 import csv
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -1053,12 +1054,27 @@ def test_messages_name_a_descriptor_as_it_was_given():
         assert _kept(path, records.file_stamp(path)) == f"; each point went to /dev/fd/{w} as it finished"
         with pytest.raises(ValueError, match=f"^--json and --csv name the same file /dev/fd/{w}$"):
             records.check_distinct(json=path, csv=path)
-        with pytest.raises(ValueError, match=f"^cannot plot to /dev/fd/{w}: the name must end"):
+        with pytest.raises(
+            ValueError, match=f"^cannot plot to /dev/fd/{w}: it names a descriptor, not a file"
+        ):
             records.check_outputs(plot=path)
     finally:
         os.close(r)
         os.close(w)
         records.note_given_descriptors()
+
+
+def test_a_plot_through_a_link_to_a_descriptor_is_refused_in_the_words_given(tmp_path):
+    """out.png linked to /dev/stdout was refused as 'cannot plot to out.png: ... (got no suffix)':
+    the suffix was read off the /proc/PID/fd/1 it had become."""
+    from commbench.bench import records
+
+    link = tmp_path / "out.png"
+    link.symlink_to("/dev/stdout")
+    records.note_given_descriptors()
+    path = records.output_path(str(link))
+    with pytest.raises(ValueError, match=f"^cannot plot to {re.escape(str(link))}: it names a descriptor"):
+        records.check_outputs(plot=path)
 
 
 def test_a_named_pipe_is_checked_without_opening_it(tmp_path):

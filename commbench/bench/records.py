@@ -212,6 +212,8 @@ def _check_plot_format(path: str | Path) -> None:
     """Raise ValueError unless ``path`` is a file name matplotlib can save a plot as."""
     from matplotlib.backend_bases import FigureCanvasBase
 
+    if names_descriptor(str(path)):  # matplotlib reads the format, and the companion plots' names, off it
+        raise ValueError(f"cannot plot to {shown(path)}: it names a descriptor, not a file; give a file name")
     formats = sorted(set(FigureCanvasBase.get_supported_filetypes()) - set(PLOT_FORMATS_REFUSED))
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in formats:
