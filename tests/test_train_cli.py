@@ -226,11 +226,8 @@ def test_a_one_process_strategy_under_torchrun_is_refused_without_naming_an_opti
     assert err.endswith("not on 2 ranks: leave out --world-size, or give 1\n"), err
 
 
-def test_the_table_is_headed_by_the_command_that_ran() -> None:
+def test_the_table_is_headed_by_the_command_that_ran(capfd) -> None:
     """commbench train printed its table under '# commbench compare:'."""
-    from commbench.bench.train import _title
-    from commbench.trainers.loop import TrainConfig
-
-    first = {"trainable_params": 10, "world_size": 2, "backend": "gloo", "device": "cpu", "batch_size": 8}
-    assert _title(TrainConfig(strategies=("ring",)), first).startswith("# commbench train: mlp (10 trainable")
-    assert _title(TrainConfig(strategies=("ring", "ddp")), first).startswith("# commbench compare: mlp")
+    for command, strategy in (("train", "--strategy"), ("compare", "--strategies")):  # one strategy each
+        assert main([command, strategy, "none", *TINY, "--no-probe"]) == 0
+        assert f"# commbench {command}: mlp" in capfd.readouterr().out

@@ -715,7 +715,7 @@ def _main(argv: list[str] | None) -> int:
             config = train.train_config(args)
             if train.runs_alone(args, config):
                 args.world_size = 1  # none, dp and vanilla-dp run in one process
-            return train.cmd_train(config, launch_spec(args), args.command_line)
+            return train.cmd_train(config, launch_spec(args), args.command_line, args.command)
         if args.command == "demo":
             if launch.launched_externally():  # every rank would start a demo of its own, into one file
                 raise ValueError(

@@ -199,10 +199,9 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _title(config: Any, first: dict[str, Any]) -> str:
-    command = "compare" if len(config.strategies) > 1 else "train"  # compare of one strategy is a train
+def _title(config: Any, first: dict[str, Any], name: str = "train") -> str:
     return (
-        f"# commbench {command}: {config.model} ({first['trainable_params']:,} trainable parameters) on "
+        f"# commbench {name}: {config.model} ({first['trainable_params']:,} trainable parameters) on "
         f"{config.dataset}, {first['world_size']} ranks, backend {first['backend']}, "
         f"device {first['device']}, "
         f"batch {first['batch_size']}/rank\n"
@@ -212,9 +211,9 @@ def _title(config: Any, first: dict[str, Any]) -> str:
     )
 
 
-def _train_rank(config: Any, device: str, command: str | None = None) -> list[dict]:
-    """One rank of ``commbench train`` or ``compare``; rank 0 writes the records, whose header
-    records ``command`` (see :func:`~commbench.bench.machine.command_line`)."""
+def _train_rank(config: Any, device: str, command: str | None = None, name: str = "train") -> list[dict]:
+    """One rank of ``commbench train`` or ``compare`` (``name``, the table's heading); rank 0 writes
+    the records, whose header records ``command`` (see :func:`~commbench.bench.machine.command_line`)."""
     import torch
     import torch.distributed as dist
 
@@ -269,7 +268,7 @@ def _train_rank(config: Any, device: str, command: str | None = None) -> list[di
         from commbench.bench.probing import overhead_line
         from commbench.bench.records import say
 
-        say(_title(config, rows[0]))
+        say(_title(config, rows[0], name))
         if probe is not None:
             say(probe.describe())
         say(summary_table(rows))
@@ -326,7 +325,7 @@ def check_launch(config: Any, world_size: int, device: str) -> None:
         raise ValueError("searching the largest batch (--batch-size 0) needs --device cuda")
 
 
-def cmd_train(config: Any, spec: Any, command: str | None = None) -> int:
+def cmd_train(config: Any, spec: Any, command: str | None = None, name: str = "train") -> int:
     from commbench.bench import launch
     from commbench.bench.records import check_outputs
 
@@ -339,7 +338,7 @@ def cmd_train(config: Any, spec: Any, command: str | None = None) -> int:
         build_dataset(config.dataset, train=True, data_dir=config.data_dir, num_samples=config.samples)
         if config.evaluate:
             build_dataset(config.dataset, train=False, data_dir=config.data_dir)
-    launch.run(_train_rank, (config, spec.device, command), spec)
+    launch.run(_train_rank, (config, spec.device, command, name), spec)
     return 0
 
 
