@@ -338,6 +338,27 @@ def test_a_stop_signal_outside_the_hosts_run_unwinds_and_keeps_the_record(
         assert not out.exists()
 
 
+def test_a_stop_after_a_csv_only_sweep_names_its_rows(tmp_path, monkeypatch, capsys):
+    """The cluster named only the inner command's --json, so a sweep with --csv alone stopped at
+    the end said 'interrupted' and nothing of the rows its hosts had written."""
+    monkeypatch.setattr(netns, "check_privileges", lambda: None)
+    rows = tmp_path / "c.csv"
+
+    def run_hosts(config, argv, work):
+        rows.write_text("size_bytes,time_us\n1024,5.0\n2048,6.0\n")
+        return {0: (1000, 2000), 1: (2000, 1000)}
+
+    def read_records(path):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return []
+
+    monkeypatch.setattr(cluster, "run_hosts", run_hosts)
+    monkeypatch.setattr(cluster, "_read_records", read_records)
+    argv = ["cluster", "--hosts", "2", "--", "sweep", "-b", "1K", "-e", "2K", "--csv", str(rows)]
+    assert cli.main(argv) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == f"commbench: interrupted; finished points are in {rows}\n"
+
+
 def test_a_second_stop_signal_does_not_cut_the_removal_of_the_scratch_directory(tmp_path, monkeypatch):
     scratch = tmp_path / "scratch"
     scratch.mkdir()

@@ -195,8 +195,10 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
     config = config_from_args(args)
     inner = build_parser().parse_args(list(config.inner))  # bad inner input: exit 2 before building
     check_inner(inner, config.hosts)
-    args.json = inner.json  # an interruption's one line names where the finished points are
-    args.records_before = file_stamp(inner.json)  # and not an earlier run's, in a file not yet written
+    # An interruption's one line names where the finished points are (the JSON Lines file, else a
+    # sweep's CSV), and not an earlier run's, in a file not yet written.
+    args.json, args.csv = inner.json, getattr(inner, "csv", None)
+    args.records_before = file_stamp(args.json or args.csv)
     (privileges or netns.check_privileges)()
 
     def on_signal(signum: int, frame: Any) -> None:
