@@ -214,7 +214,8 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
     ):
         json_path = getattr(inner, "json", None)
         argv = list(config.inner)
-        if config.inner[0] == "sweep" and not json_path:  # the report needs the records
+        # The report, and the check for wrong results, need the records (the last --json counts).
+        if config.inner[0] == "sweep" and (not json_path or os.path.realpath(json_path) == os.devnull):
             json_path = str(Path(work, "sweep.jsonl"))
             argv += ["--json", json_path]
         measured = run_hosts(config, argv, Path(work))
@@ -282,6 +283,13 @@ def launcher_vars(env: Mapping[str, str]) -> set[str]:
     return {k for k in env if k in LAUNCHER_VARS or k.startswith("TORCHELASTIC_")}
 
 
+# Set for each host's rank: a sweep with wrong results ends well there (exit 0), so that the hosts'
+# launchers end together (a failed rank skips torchrun's exit barrier, and host 0's launcher, which
+# holds the rendezvous, could go before another host's had its rank's end); the cluster reads the
+# wrong points from the records, and exits 1 after its own record and report.
+HOST_ENV = "COMMBENCH_CLUSTER_HOST"
+
+
 def host_env(base: dict[str, str], topo: Topology, i: int, shaping: Shaping) -> dict[str, str]:
     """The environment of host ``i``'s launcher and rank: no outer launcher's variables, one thread,
     gloo on the host's NIC, and the COMMBENCH_* variables the probes read."""
@@ -298,6 +306,7 @@ def host_env(base: dict[str, str], topo: Topology, i: int, shaping: Shaping) -> 
         COMMBENCH_LINK_GBPS=repr(shaping.link_gbps),
         COMMBENCH_HOST_ADDRESS=topo.address(i),
     )
+    env[HOST_ENV] = "1"
     return env
 
 
@@ -436,25 +445,13 @@ def stale_scratch(directory: Path, alive: Callable[[int], bool]) -> list[Path]:
     return sorted(out)
 
 
-# What a host's sweep prints last where it measured every size and its check found wrong elements
-# (exit 1, as nccl-tests): the run ended, its records are whole, and the cluster reports them first.
-WRONG_RESULTS = "commbench: wrong results in "
-
-
 def _wait(procs: Sequence[subprocess.Popen], logs: Sequence[Path]) -> None:
-    """Until every host ends well (or with wrong results only, see WRONG_RESULTS); on a failure,
-    raise the one that came first (RankFailed)."""
+    """Until every host ends well; on a failure, raise the one that came first (RankFailed)."""
     failed: dict[int, float] = {}
-    wrong: set[int] = set()
     while True:
         now = time.monotonic()
         for i, p in enumerate(procs):
-            if i in failed or i in wrong or p.poll() in (None, 0):
-                continue
-            tail = _tail(logs[i])
-            if p.poll() == 1 and rank_exit_code(tail) == 1 and WRONG_RESULTS in tail:
-                wrong.add(i)
-            else:
+            if i not in failed and p.poll() not in (None, 0):
                 failed[i] = now
         ended = all(p.poll() is not None for p in procs)
         if failed and (ended or now - min(failed.values()) > FAILURE_GRACE_S):
@@ -465,7 +462,7 @@ def _wait(procs: Sequence[subprocess.Popen], logs: Sequence[Path]) -> None:
                     for i, t in failed.items()
                 }
             )
-        if not failed and all(p.poll() == 0 or i in wrong for i, p in enumerate(procs)):
+        if not failed and all(p.poll() == 0 for p in procs):
             return
         time.sleep(0.05)
 
