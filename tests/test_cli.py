@@ -1072,9 +1072,19 @@ def test_a_plot_through_a_link_to_a_descriptor_is_refused_in_the_words_given(tmp
     link = tmp_path / "out.png"
     link.symlink_to("/dev/stdout")
     records.note_given_descriptors()
-    path = records.output_path(str(link))
-    with pytest.raises(ValueError, match=f"^cannot plot to {re.escape(str(link))}: it names a descriptor"):
-        records.check_outputs(plot=path)
+    try:
+        path = records.output_path(str(link))
+        with pytest.raises(
+            ValueError, match=f"^cannot plot to {re.escape(str(link))}: it names a descriptor"
+        ):
+            records.check_outputs(plot=path)
+        directory = os.open(tmp_path, os.O_RDONLY)
+        try:  # a file in a directory this process holds open is a file
+            assert not records.names_descriptor(f"/proc/{os.getpid()}/fd/{directory}/x.png")
+        finally:
+            os.close(directory)
+    finally:
+        records.note_given_descriptors()  # the link's name is not kept for later tests
 
 
 def test_a_named_pipe_is_checked_without_opening_it(tmp_path):

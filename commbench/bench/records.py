@@ -9,6 +9,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import stat
 import sys
 from collections.abc import Callable
@@ -162,7 +163,7 @@ def descriptor_path(fd: int) -> str:
 
 def names_descriptor(path: str | None) -> bool:
     """Whether ``path`` is one of this process's descriptors, as :func:`output_path` names them."""
-    return bool(path) and str(path).startswith(f"/proc/{os.getpid()}/fd/")
+    return bool(path) and re.fullmatch(rf"/proc/{os.getpid()}/fd/[0-9]+", str(path)) is not None
 
 
 def is_stream(path: str | Path) -> bool:
