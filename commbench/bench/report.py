@@ -148,13 +148,13 @@ def spread_table(runs: Sequence[Sequence[dict[str, Any]]]) -> str:
     builtin as mean [lowest, highest], and in how many runs it fell under 0.9 and under 1.0."""
     ratios: dict[int, dict[str, list[float]]] = {}
     algos: list[str] = []
-    builtin: set[bool] = set()  # whether each builtin point's busbw was 0
+    builtin_busbw: list[float] = []  # why there may be no ratio: builtin absent, or at 0 GB/s
     for records in runs:
         for r in records:
             if r.get("type") != "sweep" or r["collective"] == "sendrecv":
                 continue
             if r["algorithm"] == "builtin":
-                builtin.add(not r.get("busbw_gbps"))
+                builtin_busbw.append(r.get("busbw_gbps") or 0.0)
                 continue
             if r.get("busbw_ratio_to_builtin") is None:
                 continue
@@ -163,11 +163,9 @@ def spread_table(runs: Sequence[Sequence[dict[str, Any]]]) -> str:
             ratios.setdefault(r["size_bytes"], {}).setdefault(r["algorithm"], []).append(
                 r["busbw_ratio_to_builtin"]
             )
-    if (
-        not ratios and True in builtin
-    ):  # the bus factor of every collective but broadcast and reduce at one rank
-        return "(no ratios to builtin: its bus bandwidth is 0, as on one rank)"
-    if not ratios and builtin:
+    if not ratios and builtin_busbw:
+        if min(builtin_busbw) == 0:  # every collective's bus factor but broadcast's and reduce's, at one rank
+            return "(no ratios to builtin: its bus bandwidth is 0, as on one rank)"
         return "(no ratios to builtin: no other algorithm was swept)"
     if not ratios:
         return "(no ratios to builtin: sweep with builtin among the algorithms)"
