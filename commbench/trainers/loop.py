@@ -309,7 +309,6 @@ class Trainer:
         from commbench.trainers.models import build_model
 
         self.strategy, self.device, self.config = strategy, device, config
-        self.clock = Clock(device)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         # the backend that moves this trainer's tensors: the cost model prices its builtins by it
         self.backend = p2p.backend_for(None, device) if dist.is_initialized() else None
@@ -320,6 +319,8 @@ class Trainer:
         self.params = sync_mod.trainable(model)
         if not self.params:
             raise ValueError(f"model {config.model} has no trainable parameters")
+        # a stamp per gradient, the step's five and the sync's (topped up after a step that took more)
+        self.clock = Clock(device, stamps_per_step=len(self.params) + 16)
         self.numels = [p.numel() for p in self.params]
         self.itemsize = self.params[0].element_size()
         self.buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())

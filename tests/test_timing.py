@@ -1,0 +1,60 @@
+"""The trainer's clock: on CUDA its stamps are events made before the step that records them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from commbench.trainers import timing
+from commbench.trainers.timing import Clock
+
+
+class _Event:
+    """Stands in for torch.cuda.Event where no GPU is (the real one: tests/test_gpu.py)."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.records = 0
+
+    def record(self) -> None:
+        self.records += 1
+
+
+def test_a_cuda_clock_stamps_with_events_made_before_the_step(monkeypatch):
+    made_ahead: list[_Event] = []
+
+    def ahead(count: int) -> list[_Event]:
+        made_ahead.extend(_Event(True) for _ in range(count))
+        return made_ahead[-count:]
+
+    made_in_step: list[_Event] = []
+
+    def in_step(enable_timing: bool = False) -> _Event:
+        made_in_step.append(_Event(enable_timing))
+        return made_in_step[-1]
+
+    monkeypatch.setattr(timing, "timing_events", ahead)
+    monkeypatch.setattr(torch.cuda, "Event", in_step)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    clock = Clock(torch.device("cuda", 0), stamps_per_step=3)
+    assert len(made_ahead) == 3 and not made_in_step
+    first = [clock.stamp() for _ in range(5)]  # two more than foreseen: made as they are recorded
+    assert first[:3] == made_ahead[::-1] and first[3:] == made_in_step
+    clock.settle()  # the next step's five are made here, outside any step
+    assert len(made_ahead) == 8 and len(made_in_step) == 2
+    second = [clock.stamp() for _ in range(5)]
+    assert len(made_in_step) == 2 and all(any(e is m for m in made_ahead[3:]) for e in second)
+    clock.settle()
+    clock.settle()  # a step without stamps keeps what the largest step needed
+    assert len(clock.spare) == 5
+    # each event is recorded once: a stamp read after its step still says when it was taken
+    assert all(e.records == 1 for e in first + second)
+
+
+def test_a_cpu_clock_makes_no_events(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", lambda **kw: pytest.fail("a CPU clock made an event"))
+    monkeypatch.setattr(timing, "timing_events", lambda n: pytest.fail("a CPU clock made events"))
+    clock = Clock(torch.device("cpu"))
+    a, b = clock.stamp(), clock.stamp()
+    clock.settle()
+    assert clock.seconds(a, b) >= 0 and not clock.spare
