@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -15,10 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.gpu
 
 
-def _all_cases(host_from: str | None = None) -> list[str]:
+def _all_cases(host_from: str | None = None, backend: str | None = None) -> list[str]:
     """Every collective, algorithm and a few dtypes/ops/sizes on CUDA tensors; returns failures.
     ``host_from`` sets $COMMBENCH_GLOO_CUDA_HOST_FROM, the size from which gloo's calls run on
-    host copies (below it each message is staged)."""
+    host copies (below it each message is staged). ``backend`` makes a group of that backend
+    ("cpu:gloo,cuda:nccl") and runs every case on it, on host tensors as well."""
     import os
 
     import torch
@@ -30,9 +32,13 @@ def _all_cases(host_from: str | None = None) -> list[str]:
     if host_from is not None:
         os.environ[comm.HOST_FROM_ENV] = host_from
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device())
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    group = dist.new_group(backend=backend) if backend is not None else None
     failures = []
-    for collective, algorithms in comm.ALGORITHMS.items():
+    for device, collective in itertools.product(
+        [cuda] if group is None else [cuda, torch.device("cpu")], comm.ALGORITHMS
+    ):
+        algorithms = comm.ALGORITHMS[collective]
         spec = SPECS[collective]
         for dtype in (torch.float32, torch.bfloat16, torch.int64):
             for op in ("sum", "max") if spec.needs_op else ("sum",):
@@ -42,17 +48,55 @@ def _all_cases(host_from: str | None = None) -> list[str]:
                     for algorithm in algorithms:
                         b = spec.make(count, dtype, device, rank, world, op, 0)
                         b.input.copy_(b.reference)
-                        spec.run(b, algorithm, op, 0, None, comm.Workspace())
+                        spec.run(b, algorithm, op, 0, group, comm.Workspace())
                         torch.cuda.synchronize()
                         wrong = spec.wrong(b, op, rank, world, 0)
                         if wrong:
-                            failures.append(f"{collective}/{algorithm}/{dtype}/{op}/{count}: {wrong} wrong")
+                            failures.append(
+                                f"{device.type}/{collective}/{algorithm}/{dtype}/{op}/{count}: {wrong} wrong"
+                            )
     return failures
 
 
 def test_nccl_world_of_one():
     results = run(_all_cases, (), LaunchSpec(world_size=1, device="cuda"))
     assert results == {0: []}
+
+
+def _backends_of_a_group_per_device() -> dict[str, str]:
+    import torch
+    import torch.distributed as dist
+
+    from commbench.comm import p2p
+
+    group = dist.new_group(backend="cpu:gloo,cuda:nccl")
+    return {d: p2p.backend_for(group, torch.device(d)) for d in ("cpu", "cuda")}
+
+
+def test_a_group_with_a_backend_per_device():
+    """A real "cpu:gloo,cuda:nccl" group (one rank): CUDA tensors go by NCCL, host tensors by
+    gloo, and every collective and algorithm is right on both."""
+    assert run(_backends_of_a_group_per_device, (), LaunchSpec(world_size=1, device="cuda")) == {
+        0: {"cpu": "gloo", "cuda": "nccl"}
+    }
+    results = run(_all_cases, (None, "cpu:gloo,cuda:nccl"), LaunchSpec(world_size=1, device="cuda"))
+    assert results == {0: []}
+
+
+def test_the_trainers_clock_hands_out_events_made_ahead():
+    import torch
+
+    from commbench.trainers.timing import Clock
+
+    clock = Clock(torch.device("cuda"), stamps_per_step=2)
+    ahead = list(clock.spare)
+    assert all(e.cuda_event != 0 for e in ahead)  # made (torch makes an event on its first record)
+    torch.cuda._sleep(1_000_000)
+    stamps = [clock.stamp() for _ in range(3)]
+    assert stamps[:2] == ahead[::-1]
+    clock.settle()
+    assert len(clock.spare) == 3 and all(e.cuda_event != 0 for e in clock.spare)
+    assert clock.seconds(stamps[0], stamps[2]) >= 0
 
 
 @pytest.mark.parametrize("host_from", [None, "1M"], ids=["default", "staged-below-1M"])
