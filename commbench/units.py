@@ -37,3 +37,10 @@ def format_size(size_bytes: int) -> str:
         if size_bytes and size_bytes % unit == 0:
             return f"{size_bytes // unit}{suffix}"
     return str(size_bytes)
+
+
+def amount(size_bytes: float) -> str:
+    """Bytes of memory in words: GiB from 1 GiB, else MiB, to one decimal ("1216.3 GiB")."""
+    if size_bytes >= 1 << 30:
+        return f"{size_bytes / (1 << 30):.1f} GiB"
+    return f"{size_bytes / (1 << 20):.1f} MiB"

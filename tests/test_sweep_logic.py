@@ -576,6 +576,28 @@ def test_under_torchrun_the_memory_check_counts_the_local_ranks_with_most_scratc
         cli.check_sweep_memory(config, spec)
 
 
+@pytest.mark.parametrize("local, sharing", [("1", 1), ("4", 2)], ids=["one-rank", "four-ranks-on-two-gpus"])
+def test_a_cuda_sweep_beyond_the_gpus_free_memory_is_refused_in_the_rank(monkeypatch, local, sharing):
+    """CUDA ran out of memory at the largest size, after the smaller ones had run; each rank on a
+    GPU holds its own buffers there (a stand-in GPU of 1 GiB free, 256 MiB of it torch's cache;
+    the real one: tests/test_gpu.py)."""
+    from commbench.bench import sweep
+    from commbench.bench.sweep import buffer_bytes, check_gpu_memory, scratch_per_rank
+
+    config = SweepConfig(algorithms=("builtin", "ring"), min_bytes=1 << 20, max_bytes=64 << 20)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 256 << 20)
+    need = sharing * (buffer_bytes(config, 4) + max(scratch_per_rank(config, 4)))
+    assert sweep.ranks_sharing_this_gpu() == sharing
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (need - (256 << 20), 80 << 30))
+    check_gpu_memory(config, 4, torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (need - (256 << 20) - 1, 80 << 30))
+    with pytest.raises(ValueError, match=rf"at 67108864 bytes .* on GPU 0 \({sharing} rank\(s\) on it\)"):
+        check_gpu_memory(config, 4, torch.device("cuda", 0))
+
+
 def test_series_of_one_algorithm_with_different_segments_share_its_scratch():
     """ring and ring@1M name the same Workspace buffers, which grow to the larger of the two."""
     from commbench.bench.sweep import scratch_per_rank

@@ -390,9 +390,7 @@ def check_sweep_memory(config: Any, spec: Any, local: int | None = None) -> None
     need = local * buffer_bytes(config, spec.world_size) + sum(scratch)
     available = psutil.virtual_memory().available
     if need > available:
-
-        def amount(n: int) -> str:
-            return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+        from commbench.units import amount
 
         raise ValueError(
             f"at {max(sizes(config))} bytes the sweep's buffers and scratch take at least {amount(need)} "

@@ -35,6 +35,7 @@ from commbench.bench.records import RecordWriter, SweepRecord, check_distinct, s
 from commbench.comm.costmodel import cost, scratch_bytes
 from commbench.comm.ops import check_op, parse_dtype
 from commbench.comm.ring import SEGMENT_BYTES
+from commbench.units import amount
 
 LIMIT = "limit"  # name of the sendrecv series measured beside the algorithms
 MAX_SIZES = 1000
@@ -193,6 +194,33 @@ def scratch_per_rank(config: SweepConfig, world: int) -> list[int]:
     return [sum(col) for col in zip(*held.values(), strict=True)] if held else [0] * world
 
 
+def ranks_sharing_this_gpu() -> int:
+    """How many of this host's ranks use this rank's GPU (the launcher gives local rank r the GPU
+    r mod the GPU count)."""
+    from commbench.bench.launch import local_ranks
+
+    gpus = torch.cuda.device_count()
+    mine = torch.cuda.current_device()
+    return sum(1 for r in range(local_ranks()) if r % gpus == mine)
+
+
+def check_gpu_memory(config: SweepConfig, world: int, device: torch.device) -> None:
+    """Refuse (ValueError) a CUDA sweep whose buffers and scratch at its largest size, for each of
+    the ranks on this GPU, exceed what the GPU has free: CUDA would run out of memory at that size,
+    after the smaller sizes had run. Checked in the rank, where CUDA is up: the launcher must not
+    start CUDA before it forks its ranks."""
+    sharing = ranks_sharing_this_gpu()
+    need = sharing * (buffer_bytes(config, world) + max(scratch_per_rank(config, world)))
+    free, _ = torch.cuda.mem_get_info(device)
+    have = free + torch.cuda.memory_reserved(device)
+    if need > have:
+        raise ValueError(
+            f"at {max(sizes(config))} bytes the sweep's buffers and scratch take at least {amount(need)} "
+            f"on GPU {device.index} ({sharing} rank(s) on it), more than its {amount(have)} free; "
+            "lower --maxbytes or run fewer algorithms"
+        )
+
+
 def _resolve(config: SweepConfig, series: str, size_bytes: int, world: int) -> tuple[str, int]:
     """The algorithm series ``series`` runs at this size, and the segment it runs with: the one the
     series names where that algorithm is segmented, else the default (which the others ignore)."""
@@ -280,6 +308,8 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
     device = (
         torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else torch.device("cpu")
     )
+    if device.type == "cuda":
+        check_gpu_memory(config, world, device)
     moved_by = comm.p2p.backend_for(None, device)  # the one builtin runs on: its price depends on it
     dtype = parse_dtype(config.dtype)
     spec = SPECS[config.collective]
