@@ -178,3 +178,61 @@ def test_largest_batch_is_capped_by_the_data(tmp_path, args, batch):
     assert out.returncode == 0, out.stderr
     summaries = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "train_summary"]
     assert summaries and all(s["batch_size"] == batch for s in summaries)
+
+
+def test_a_batch_the_memory_bounds_trains(tmp_path):
+    """--batch-size 0 where GPU memory, not the data, sets the batch: the batch found trains, with
+    several strategies' models resident. A batch found at the edge of a lone trial step's memory
+    ran out of it before training had taken a step."""
+    path = tmp_path / "c.jsonl"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "commbench",
+            "compare",
+            "--device",
+            "cuda",
+            "--world-size",
+            "1",
+            "--strategies",
+            "none,ddp,vanilla-dp",
+            "--model",
+            "resnet18_cifar",
+            "--samples",
+            "200000",
+            "--batch-size",
+            "0",
+            "--steps-per-epoch",
+            "2",
+            "--no-eval",
+            "-q",
+            "--json",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=400,
+    )
+    assert out.returncode == 0, out.stderr
+    summaries = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "train_summary"]
+    batches = {s["batch_size"] for s in summaries}
+    assert len(summaries) == 3 and len(batches) == 1 and 0 < batches.pop() < 200000, summaries
+
+
+def test_a_sweep_beyond_the_gpus_memory_is_refused_before_it_runs(tmp_path):
+    """It ran the smaller sizes, then its rank failed on CUDA's out-of-memory error."""
+    path = tmp_path / "r.jsonl"
+    argv = ["sweep", "--device", "cuda", "--world-size", "1", "-a", "builtin", "-b", "1M", "-e", "1024G"]
+    out = subprocess.run(
+        [sys.executable, "-m", "commbench", *argv, "--json", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "rank 0 failed: ValueError: at 1099511627776 bytes the sweep's buffers" in out.stderr
+    assert "on GPU 0 (1 rank(s) on it)" in out.stderr
+    assert not [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "sweep"]
