@@ -162,3 +162,16 @@ def test_timing_events_are_made_before_they_are_handed_out():
     assert fresh.cuda_event == 0  # torch's lazy making, which timing_events works around
     events = timing_events(3)
     assert len(events) == 3 and all(e.cuda_event != 0 and e.query() for e in events)
+
+
+@pytest.mark.gpu
+def test_copies_the_host_returns_from_early_are_queued_behind_a_spin(monkeypatch):
+    """Each timed copy of a few KiB counted the host's launch of it, several times the device's
+    copy: pinned and device copies are queued behind a spin; pageable ones wait for the device."""
+    held = []
+    hold = copies._hold_stream
+    monkeypatch.setattr(copies, "_hold_stream", lambda seconds: (held.append(seconds), hold(seconds)))
+    results = copies.cuda_copies(4 << 10, iters=5, warmup=1)
+    assert [r.name for r in results] == [*copies.OVER_PCIE, copies.DEVICE_TO_DEVICE]
+    assert len(held) == 3 and all(1e-3 < s < 1.0 for s in held), held
+    assert all(r.time_s > 0 for r in results) and copies._cycles_per_s is not None

@@ -64,13 +64,51 @@ def host_copy(size_bytes: int, *, iters: int = 10, warmup: int = 2) -> CopyResul
     return _result(HOST_TO_HOST, size_bytes, times, None)
 
 
-def _cuda_time(copy: Callable[[], object], iters: int, warmup: int) -> list[float]:
-    """Seconds of each timed call of ``copy``, from CUDA events on the current stream."""
+_cycles_per_s: float | None = None
+
+
+def _gpu_cycles_per_s() -> float:
+    """The rate of the clock ``torch.cuda._sleep`` counts, measured once: a spin of 10^6 cycles."""
+    global _cycles_per_s
+    if _cycles_per_s is None:
+        start, end = timing_events(2)
+        torch.cuda._sleep(1000)  # the spin kernel loaded before it is timed
+        start.record()
+        torch.cuda._sleep(1_000_000)
+        end.record()
+        end.synchronize()
+        _cycles_per_s = 1e6 / max(start.elapsed_time(end) / 1e3, 1e-6)
+    return _cycles_per_s
+
+
+def _hold_stream(seconds: float) -> None:
+    """Keep the current stream busy for about ``seconds`` (a spin kernel), so the host can queue
+    the timed calls behind it and the device runs them back to back."""
+    torch.cuda._sleep(int(seconds * _gpu_cycles_per_s()))
+
+
+def _cuda_time(copy: Callable[[], object], iters: int, warmup: int, *, queued: bool = True) -> list[float]:
+    """Seconds of each timed call of ``copy``, from CUDA events on the current stream.
+
+    ``queued``: the copy returns before the device has run it (pinned and device copies), so the
+    timed calls are queued behind a spin long enough to queue them all: each then starts as soon
+    as the one before it ends, not when the host gets to launch it. A copy of a few KiB takes the
+    device a few microseconds and the host longer to launch, and its time was the launch's. A
+    pageable copy waits for the device before it returns: the host's staging is part of it.
+    """
+    host_s = []
     for _ in range(warmup):
+        t0 = time.perf_counter()
         copy()
+        host_s.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
     events = timing_events(2 * iters)
     pairs = list(zip(events[::2], events[1::2], strict=True))
+    if queued:
+        # The launches' host time, measured in the warm-up (50 us each without one), three times
+        # over for the events between them and for any hiccup, and a millisecond more.
+        per_call = statistics.median(host_s) if host_s else 50e-6
+        _hold_stream(1e-3 + 3 * iters * per_call)
     for start, end in pairs:
         start.record()
         copy()
@@ -127,7 +165,8 @@ def iter_cuda_copies(
         ]
         for name, copy in cases:
             limit = pcie_limit_gbps if name in OVER_PCIE else None
-            yield _result(name, size_bytes, _cuda_time(copy, iters, warmup), limit)
+            queued = name not in (H2D_PAGEABLE, D2H_PAGEABLE)
+            yield _result(name, size_bytes, _cuda_time(copy, iters, warmup, queued=queued), limit)
 
 
 def copy_bandwidth(
