@@ -221,10 +221,11 @@ def test_a_batch_the_memory_bounds_trains(tmp_path):
     assert len(summaries) == 3 and len(batches) == 1 and 0 < batches.pop() < 200000, summaries
 
 
-def test_a_sweep_beyond_the_gpus_memory_is_refused_before_it_runs(tmp_path):
+@pytest.mark.parametrize("ranks", [["--world-size", "1"], ["--world-size", "2", "--backend", "gloo"]])
+def test_a_sweep_beyond_the_gpus_memory_is_refused_before_it_runs(tmp_path, ranks):
     """It ran the smaller sizes, then its rank failed on CUDA's out-of-memory error."""
     path = tmp_path / "r.jsonl"
-    argv = ["sweep", "--device", "cuda", "--world-size", "1", "-a", "builtin", "-b", "1M", "-e", "1024G"]
+    argv = ["sweep", "--device", "cuda", *ranks, "-a", "builtin", "-b", "1M", "-e", "1024G"]
     out = subprocess.run(
         [sys.executable, "-m", "commbench", *argv, "--json", str(path)],
         capture_output=True,
@@ -233,6 +234,6 @@ def test_a_sweep_beyond_the_gpus_memory_is_refused_before_it_runs(tmp_path):
         timeout=120,
     )
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-    assert "rank 0 failed: ValueError: at 1099511627776 bytes the sweep's buffers" in out.stderr
-    assert "on GPU 0 (1 rank(s) on it)" in out.stderr
+    assert "failed: ValueError: at 1099511627776 bytes the sweep's buffers" in out.stderr
+    assert f"({ranks[1]} rank(s) on it)" in out.stderr and "on GPU 0 of " in out.stderr
     assert not [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "sweep"]

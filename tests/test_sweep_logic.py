@@ -576,26 +576,46 @@ def test_under_torchrun_the_memory_check_counts_the_local_ranks_with_most_scratc
         cli.check_sweep_memory(config, spec)
 
 
-@pytest.mark.parametrize("local, sharing", [("1", 1), ("4", 2)], ids=["one-rank", "four-ranks-on-two-gpus"])
-def test_a_cuda_sweep_beyond_the_gpus_free_memory_is_refused_in_the_rank(monkeypatch, local, sharing):
-    """CUDA ran out of memory at the largest size, after the smaller ones had run; each rank on a
-    GPU holds its own buffers there (a stand-in GPU of 1 GiB free, 256 MiB of it torch's cache;
-    the real one: tests/test_gpu.py)."""
-    from commbench.bench import sweep
+def test_the_ranks_on_one_gpu_need_the_sum_of_their_bytes_against_the_least_free_they_saw():
+    from commbench.bench.sweep import gpu_memory_refusal
+
+    a, b = ("host-a", "GPU-1111"), ("host-a", "GPU-2222")
+    assert gpu_memory_refusal([(a, (0, 3 << 30, 7 << 30)), (a, (0, 3 << 30, 6 << 30))], 1 << 30) is None
+    refusal = gpu_memory_refusal([(a, (0, 3 << 30, 7 << 30)), (a, (0, 3 << 30, 5 << 30))], 1 << 30)
+    assert refusal == (
+        "at 1073741824 bytes the sweep's buffers and scratch take at least 6.0 GiB on GPU 0 of host-a "
+        "(2 rank(s) on it), more than its 5.0 GiB free; lower --maxbytes or run fewer algorithms"
+    )
+    # each rank shown its own GPU sees it as GPU 0: told apart by UUID, each holds its own rank
+    assert gpu_memory_refusal([(a, (0, 3 << 30, 5 << 30)), (b, (0, 3 << 30, 5 << 30))], 1 << 30) is None
+    assert "on GPU 0 of host-a (1 rank(s) on it)" in gpu_memory_refusal(
+        [(b, (0, 1, 2)), (a, (0, 3 << 30, 2 << 30))], 1 << 30
+    )
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_a_cuda_sweep_beyond_the_gpus_free_memory_is_refused_in_the_rank(monkeypatch, backend):
+    """CUDA ran out of memory at the largest size, after the smaller ones had run. Scratch counts
+    where it lives: gloo's hand-written calls on CUDA tensors keep it on the host (a stand-in GPU
+    with 256 MiB in torch's cache; the real one: tests/test_gpu.py)."""
+    import types
+
+    from commbench import comm
     from commbench.bench.sweep import buffer_bytes, check_gpu_memory, scratch_per_rank
 
-    config = SweepConfig(algorithms=("builtin", "ring"), min_bytes=1 << 20, max_bytes=64 << 20)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    config = SweepConfig(algorithms=("builtin", "naive"), min_bytes=1 << 20, max_bytes=64 << 20)
+    scratch = scratch_per_rank(config, 4)[0]  # naive's root holds a message from each peer
+    assert scratch == 3 * (64 << 20)
+    need = buffer_bytes(config, 4) + (scratch if backend == "nccl" else 0)
+    monkeypatch.setattr(comm.p2p, "backend_for", lambda group, device: backend)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 256 << 20)
-    need = sharing * (buffer_bytes(config, 4) + max(scratch_per_rank(config, 4)))
-    assert sweep.ranks_sharing_this_gpu() == sharing
+    gpu = types.SimpleNamespace(uuid="GPU-1")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: gpu)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (need - (256 << 20), 80 << 30))
-    check_gpu_memory(config, 4, torch.device("cuda", 0))
+    check_gpu_memory(config, 4, 0, torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (need - (256 << 20) - 1, 80 << 30))
-    with pytest.raises(ValueError, match=rf"at 67108864 bytes .* on GPU 0 \({sharing} rank\(s\) on it\)"):
-        check_gpu_memory(config, 4, torch.device("cuda", 0))
+    with pytest.raises(ValueError, match=r"at 67108864 bytes .* on GPU 0 of .* \(1 rank\(s\) on it\)"):
+        check_gpu_memory(config, 4, 0, torch.device("cuda", 0))
 
 
 def test_series_of_one_algorithm_with_different_segments_share_its_scratch():

@@ -194,31 +194,43 @@ def scratch_per_rank(config: SweepConfig, world: int) -> list[int]:
     return [sum(col) for col in zip(*held.values(), strict=True)] if held else [0] * world
 
 
-def ranks_sharing_this_gpu() -> int:
-    """How many of this host's ranks use this rank's GPU (the launcher gives local rank r the GPU
-    r mod the GPU count)."""
-    from commbench.bench.launch import local_ranks
+def gpu_memory_refusal(found: list, largest: int) -> str | None:
+    """Why a CUDA sweep cannot hold its largest size, from every rank's ((host, GPU UUID), (GPU
+    index, bytes it needs, bytes it saw free)); None where each GPU holds its ranks' needs. The
+    ranks on one GPU need the sum of their bytes and have the least any of them saw."""
+    gpus: dict[tuple[str, str], list[int]] = {}
+    for key, (index, need, have) in found:
+        gpu = gpus.setdefault(key, [index, 0, have, 0])
+        gpu[1] += need
+        gpu[2] = min(gpu[2], have)
+        gpu[3] += 1
+    for (host, _), (index, need, have, ranks) in gpus.items():
+        if need > have:
+            return (
+                f"at {largest} bytes the sweep's buffers and scratch take at least {amount(need)} on "
+                f"GPU {index} of {host} ({ranks} rank(s) on it), more than its {amount(have)} free; "
+                "lower --maxbytes or run fewer algorithms"
+            )
+    return None
 
-    gpus = torch.cuda.device_count()
-    mine = torch.cuda.current_device()
-    return sum(1 for r in range(local_ranks()) if r % gpus == mine)
 
-
-def check_gpu_memory(config: SweepConfig, world: int, device: torch.device) -> None:
-    """Refuse (ValueError) a CUDA sweep whose buffers and scratch at its largest size, for each of
-    the ranks on this GPU, exceed what the GPU has free: CUDA would run out of memory at that size,
-    after the smaller sizes had run. Checked in the rank, where CUDA is up: the launcher must not
-    start CUDA before it forks its ranks."""
-    sharing = ranks_sharing_this_gpu()
-    need = sharing * (buffer_bytes(config, world) + max(scratch_per_rank(config, world)))
+def check_gpu_memory(config: SweepConfig, world: int, rank: int, device: torch.device) -> None:
+    """Refuse (ValueError, on every rank alike) a CUDA sweep whose buffers and scratch at its
+    largest size, summed over the ranks on each GPU, exceed what that GPU has free: CUDA would run
+    out of memory at that size, after the smaller sizes had run. Each rank measures before it
+    allocates anything of the sweep, then the ranks share what they found (one all_gather), so
+    all refuse together or none does. Checked in the ranks, where CUDA is up: the launcher must
+    not start CUDA before it forks them. Scratch counts where it lives: a hand-written gloo call
+    on CUDA tensors that runs on host copies keeps its scratch in host memory."""
+    largest = max(sizes(config))
+    # "ring" stands for every hand-written algorithm: builtin has no scratch
+    on_host = comm.staged_whole(device, "ring", comm.p2p.backend_for(None, device), largest)
+    need = buffer_bytes(config, world) + (0 if on_host else scratch_per_rank(config, world)[rank])
     free, _ = torch.cuda.mem_get_info(device)
     have = free + torch.cuda.memory_reserved(device)
-    if need > have:
-        raise ValueError(
-            f"at {max(sizes(config))} bytes the sweep's buffers and scratch take at least {amount(need)} "
-            f"on GPU {device.index} ({sharing} rank(s) on it), more than its {amount(have)} free; "
-            "lower --maxbytes or run fewer algorithms"
-        )
+    refusal = gpu_memory_refusal(comm.p2p.gather_by_gpu(device, (device.index, need, have)), largest)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def _resolve(config: SweepConfig, series: str, size_bytes: int, world: int) -> tuple[str, int]:
@@ -309,7 +321,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
         torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else torch.device("cpu")
     )
     if device.type == "cuda":
-        check_gpu_memory(config, world, device)
+        check_gpu_memory(config, world, rank, device)
     moved_by = comm.p2p.backend_for(None, device)  # the one builtin runs on: its price depends on it
     dtype = parse_dtype(config.dtype)
     spec = SPECS[config.collective]

@@ -77,6 +77,25 @@ def backend_for(group: dist.ProcessGroup | None, device: torch.device) -> str:
 _PER_DEVICE: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
+def gpu_key(device: torch.device) -> tuple[str, str]:
+    """This host and the UUID of its GPU ``device``: equal for the ranks that share one GPU,
+    whatever index each sees it by (a rank shown one GPU sees it as GPU 0)."""
+    import socket
+
+    return socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid)
+
+
+def gather_by_gpu(device: torch.device, value: object) -> list[tuple[tuple[str, str], object]]:
+    """Every rank's (:func:`gpu_key`, ``value``), in rank order, on every rank (one all_gather;
+    the rank's own alone without a group of several)."""
+    mine = (gpu_key(device), value)
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [mine]
+    found: list = [None] * dist.get_world_size()
+    dist.all_gather_object(found, mine)
+    return found
+
+
 def moves_host_tensors(group: dist.ProcessGroup | None) -> bool:
     """Whether ``group`` moves tensors in host memory (all but a group of NCCL alone)."""
     return backend_for(group, HOST) not in ("nccl", "")

@@ -627,9 +627,10 @@ def find_max_batch(
     config: TrainConfig, input_shape: tuple[int, ...], device: torch.device, limit: int = 1 << 16
 ) -> int:
     """The largest batch, at most ``limit``, whose training step fits in :data:`SEARCH_HEADROOM` of
-    the GPU memory this process can have, found by trial steps (forward, backward and the
+    this rank's share of the GPU memory, found by trial steps (forward, backward and the
     optimizer's step, whose momentum is held as in training) until CUDA runs out of memory or a
-    step's peak passes that share (:func:`largest_fitting`)."""
+    step's peak passes that share (:func:`largest_fitting`). Ranks on one GPU share it equally:
+    each measures before any tries a step (one all_gather), and searches at once with the others."""
     from commbench.trainers.models import build_model
 
     if device.type != "cuda":
@@ -640,7 +641,10 @@ def find_max_batch(
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
-    budget = SEARCH_HEADROOM * (free + torch.cuda.memory_reserved(device))
+    found = p2p.gather_by_gpu(device, free + torch.cuda.memory_reserved(device))
+    mine = p2p.gpu_key(device)
+    peers = [have for key, have in found if key == mine]  # this rank's among them
+    budget = SEARCH_HEADROOM * min(peers) / len(peers)
 
     def fits(b: int) -> bool:
         torch.cuda.reset_peak_memory_stats(device)
