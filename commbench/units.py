@@ -44,3 +44,8 @@ def amount(size_bytes: float) -> str:
     if size_bytes >= 1 << 30:
         return f"{size_bytes / (1 << 30):.1f} GiB"
     return f"{size_bytes / (1 << 20):.1f} MiB"
+
+
+def rank_count(n: object) -> str:
+    """``n`` ranks in words: "1 rank", "4 ranks" (and "? ranks" for an unknown count)."""
+    return f"{n} rank" if n == 1 else f"{n} ranks"

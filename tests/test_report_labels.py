@@ -143,3 +143,12 @@ def test_auto_is_named_by_what_it_picked_in_full():
     names = [line.split()[-7] for line in report.table_rows(picked).splitlines()]
     # rd picked by auto@2M runs unsegmented: no 2M in its name
     assert names == ["auto:naive", "auto:ring@2M", "auto:rd", "auto:rd"]
+
+
+def test_headings_count_one_rank_as_one_rank():
+    from commbench.bench import cli
+    from commbench.units import rank_count
+
+    assert [rank_count(n) for n in (1, 2, "?")] == ["1 rank", "2 ranks", "? ranks"]
+    what = ("all_reduce", 1, "nccl", "float32", 1, "sum", "cuda", 0)
+    assert cli._describe(what) == "all_reduce, 1 rank, nccl on cuda, float32, sum"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.bench.records import file_stamp, output_path
+from commbench.units import rank_count
 
 SUMMARY_KEYS = (
     "collective",
@@ -336,7 +337,7 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None, command: str | 
         from commbench.bench.records import plot_or_note
         from commbench.bench.report import plot_busbw
 
-        title = f"{config.collective}, {dist.get_world_size()} ranks, {dist.get_backend()}"
+        title = f"{config.collective}, {rank_count(dist.get_world_size())}, {dist.get_backend()}"
         plot_or_note(lambda: plot_busbw(rows, plot_path, title), plot_path)
         if sink.probe_record is not None:
             from commbench.bench.report import plot_probe_timeline, timeline_path
@@ -486,7 +487,7 @@ def _describe(what: tuple) -> str:
     timed = "" if block == 1 else f", --block {block}"
     where = "" if device == "cpu" else f" on {device}"
     how = (f", {op}" if op else "") + (f", root {root}" if root else "")
-    return f"{collective}, {world} ranks, {backend}{where}, {dtype}{how}{timed}"
+    return f"{collective}, {rank_count(world)}, {backend}{where}, {dtype}{how}{timed}"
 
 
 def cmd_summary(files: list[str], across: bool = False) -> int:

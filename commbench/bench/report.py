@@ -6,6 +6,8 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from commbench.units import rank_count
+
 _COLS = (
     f"{'size(B)':>12} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>9} {'time(us)':>10} "
     f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6} {'vs builtin':>10} {'of limit':>8}"
@@ -15,7 +17,7 @@ _COLS = (
 def table_header(config: Any, run: dict[str, Any]) -> str:
     """Title lines: what was swept, on what, and how times were taken."""
     return (
-        f"# commbench sweep: {config.collective}, {run['world_size']} ranks, backend {run['backend']}, "
+        f"# commbench sweep: {config.collective}, {rank_count(run['world_size'])}, backend {run['backend']}, "
         f"device {run['device']}\n"
         f"# time = median of {config.iters} iterations (after {config.warmup} warm-up) of the slowest "
         f"rank; {_order(config)}; GB/s = 1e9 B/s\n"
@@ -224,7 +226,7 @@ def plot_training(
         first = summaries[0]
         ax.set_ylabel("median time per step (ms)")
         ax.set_title(
-            f"{first['model']}, {first['world_size']} ranks, {first['backend']}, "
+            f"{first['model']}, {rank_count(first['world_size'])}, {first['backend']}, "
             f"batch {first['batch_size']}/rank"
         )
         ax.legend(fontsize=8)
@@ -251,7 +253,7 @@ def plot_loss(epochs: Sequence[dict[str, Any]], path: Any, names: Sequence[str] 
 def plot_throughput(summaries: Sequence[dict[str, Any]], path: Any, title: str = "") -> None:
     """Images per second of each strategy (bars), labelled with the step time behind it."""
     with _figure(figsize=(7, 3.5)) as (fig, ax):
-        names = [f"{s['strategy']}\n{s['world_size']} ranks" for s in summaries]
+        names = [f"{s['strategy']}\n{rank_count(s['world_size'])}" for s in summaries]
         values = [s["images_per_s"] for s in summaries]
         bars = ax.bar(names, values, color="tab:green")
         for bar, s in zip(bars, summaries, strict=True):

@@ -24,6 +24,7 @@ from commbench.bench.records import (
     output_path,
 )
 from commbench.bench.signals import Interrupted
+from commbench.units import rank_count
 
 MACHINE_FIELDS = (
     ("hostname", "host"),
@@ -470,7 +471,8 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
     for (world, backend, device, dtype), rows in groups.items():
         collectives = sorted({r["collective"] for r in rows if r["collective"] != "sendrecv"}) or ["sendrecv"]
         name = ", ".join(collectives)
-        blocks.append(Heading(text=f"Sweep: {name}, {world} ranks, {backend} on {device}, {dtype}", level=3))
+        heading = f"Sweep: {name}, {rank_count(world)}, {backend} on {device}, {dtype}"
+        blocks.append(Heading(text=heading, level=3))
         body = []
         beside = collectives != ["sendrecv"]  # send/recv measured as the limit of other collectives
         for r in sorted(rows, key=lambda r: (r["size_bytes"], r["collective"] == "sendrecv")):
@@ -511,7 +513,7 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
         )
         from commbench.bench.report import plot_busbw
 
-        title = f"{name}, {world} ranks, {backend}"
+        title = f"{name}, {rank_count(world)}, {backend}"
         blocks += plots.add(
             f"{run.label}-busbw-{name}-ws{world}",
             lambda p, rows=rows, title=title: plot_busbw(rows, str(p), title),
@@ -642,7 +644,7 @@ def training_section(run: Run, plots: _Plots) -> list[Block]:
     if run.summaries:
         s0 = run.summaries[0]
         what = (
-            f"{s0.get('model', '?')} on {s0.get('dataset', '?')}, {s0['world_size']} ranks, "
+            f"{s0.get('model', '?')} on {s0.get('dataset', '?')}, {rank_count(s0['world_size'])}, "
             f"{s0.get('backend', '?')} on {s0.get('device', '?')}"
         )
         blocks: list[Block] = [
@@ -662,7 +664,8 @@ def training_section(run: Run, plots: _Plots) -> list[Block]:
         config = config if isinstance(config, dict) else {}
         e0 = run.epochs[0]
         what = (
-            f"{config.get('model', '?')} on {config.get('dataset', '?')}, {e0.get('world_size', '?')} ranks, "
+            f"{config.get('model', '?')} on {config.get('dataset', '?')}, "
+            f"{rank_count(e0.get('world_size', '?'))}, "
             f"{run.header.get('backend', '?')}"
         )
         blocks = [

@@ -14,6 +14,7 @@ from typing import Any
 
 from commbench.bench.records import exposed_comm_ms, output_path
 from commbench.trainers.sync import SINGLE_PROCESS, STRATEGIES, TRANSPORTS
+from commbench.units import rank_count
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -202,7 +203,7 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
 def _title(config: Any, first: dict[str, Any], name: str = "train") -> str:
     return (
         f"# commbench {name}: {config.model} ({first['trainable_params']:,} trainable parameters) on "
-        f"{config.dataset}, {first['world_size']} ranks, backend {first['backend']}, "
+        f"{config.dataset}, {rank_count(first['world_size'])}, backend {first['backend']}, "
         f"device {first['device']}, "
         f"batch {first['batch_size']}/rank\n"
         "# ms = median over timed steps (later epochs; with one epoch all but the first step) of the ranks' "
