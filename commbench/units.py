@@ -49,3 +49,13 @@ def amount(size_bytes: float) -> str:
 def rank_count(n: object) -> str:
     """``n`` ranks in words: "1 rank", "4 ranks" (and "? ranks" for an unknown count)."""
     return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+def size_argument(text: str) -> int:
+    """:func:`parse_size` as an argparse ``type``: a bad size is argparse's one-line error."""
+    import argparse
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

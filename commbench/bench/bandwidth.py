@@ -14,7 +14,8 @@ from commbench.bench import signals
 from commbench.bench.records import output_path
 from commbench.kernels.copy import D2H_PINNED, H2D_PINNED, OVER_PCIE, CopyResult, each_copy
 from commbench.probes.links import ImpossibleReading, check_rate, pcie_max_gbps
-from commbench.units import format_size, parse_size
+from commbench.units import format_size
+from commbench.units import size_argument as _size
 
 # A PCIe TLP with 128-256 bytes of payload carries about 24 bytes of header, sequence number, CRC
 # and framing, so pinned copies reach 84-91% of the encoded link rate; 85% is what to expect.
@@ -46,13 +47,6 @@ class BandwidthRecord:
     limit_gbps: float | None
     limit_source: str | None
     type: str = "bandwidth"
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from typing import Any
 
 from commbench.bench.records import file_stamp, output_path
 from commbench.units import rank_count
+from commbench.units import size_argument as _size
 
 SUMMARY_KEYS = (
     "collective",
@@ -33,15 +34,6 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, no usage dump
         raise UsageError(f"{self.prog}: {message}")
-
-
-def _size(text: str) -> int:
-    from commbench.units import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_launch_args(p: argparse.ArgumentParser) -> None:
