@@ -23,9 +23,11 @@ def parse_size(text: str) -> int:
     digits, suffix, tail = match.groups()
     if tail == "B":
         power = _SUFFIX[suffix].bit_length() - 1
+        typed = text.strip()[-2:]  # as written: "Mb" is more often megabits than megabytes
+        unit = "bits or bytes" if typed[-1] == "b" else "bytes"
         raise AmbiguousSize(
-            f"not a size: {text.strip()[:40]!r} is ambiguous ({suffix}B: 10^{power * 3 // 10} or 2^{power} "
-            f"bytes?); use {digits}{suffix} or {digits}{suffix}iB for {digits} x 2^{power} bytes"
+            f"not a size: {text.strip()[:40]!r} is ambiguous ({typed}: 10^{power * 3 // 10} or 2^{power} "
+            f"{unit}?); use {digits}{suffix} or {digits}{suffix}iB for {digits} x 2^{power} bytes"
         )
     return int(digits) * _SUFFIX[suffix or ""]
 

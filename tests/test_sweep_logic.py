@@ -154,6 +154,11 @@ def test_the_places_that_read_a_size_say_why_kb_mb_or_gb_is_refused():
         ValueError, match=f"^\\${comm.HOST_FROM_ENV}='2MB' is not a size: '2MB' {re.escape(hint)}$"
     ):
         comm.stage_whole_from({comm.HOST_FROM_ENV: "2MB"})
+    # the suffix as written; it was named "MB" for "2Mb", more often megabits
+    with pytest.raises(ValueError, match=re.escape("(Mb: 10^6 or 2^20 bits or bytes?);")):
+        parse_size(" 2Mb ")
+    with pytest.raises(ValueError, match=re.escape("(kB: 10^3 or 2^10 bytes?); use 4K or 4KiB")):
+        parse_size("4kB")
 
 
 def test_segment_sizes_are_accepted_where_the_algorithm_segments():
