@@ -657,7 +657,12 @@ def _sweep_sizes_freed(case: dict[str, Any]) -> list[int]:
 
 def _scratch(case: dict[str, Any]) -> dict[str, int]:
     """Bytes a fresh Workspace holds after one call of each collective and algorithm, called as
-    the sweep calls them; keyed "collective/algorithm/count"."""
+    the sweep calls them; keyed "collective/algorithm/count". With ``nccl_receives`` the ring
+    posts no receive ahead, as on NCCL."""
+    from commbench.comm import pipeline
+
+    if case.get("nccl_receives"):
+        pipeline.receives_ahead = lambda group, segment_bytes, device: 0
     rank, world = dist.get_rank(), dist.get_world_size()
     held = {}
     for name, algorithms in comm.ALGORITHMS.items():

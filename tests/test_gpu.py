@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +22,6 @@ def _all_cases(host_from: str | None = None, backend: str | None = None) -> list
     ``host_from`` sets $COMMBENCH_GLOO_CUDA_HOST_FROM, the size from which gloo's calls run on
     host copies (below it each message is staged). ``backend`` makes a group of that backend
     ("cpu:gloo,cuda:nccl") and runs every case on it, on host tensors as well."""
-    import os
-
     import torch
     import torch.distributed as dist
 
@@ -232,6 +231,7 @@ def test_a_sweep_beyond_the_gpus_memory_is_refused_before_it_runs(tmp_path, rank
         text=True,
         cwd=ROOT,
         timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"},  # both ranks on one GPU, however many there are
     )
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "failed: ValueError: at 1099511627776 bytes the sweep's buffers" in out.stderr

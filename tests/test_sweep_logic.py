@@ -585,16 +585,17 @@ def test_the_ranks_on_one_gpu_need_the_sum_of_their_bytes_against_the_least_free
     from commbench.bench.sweep import gpu_memory_refusal
 
     a, b = ("host-a", "GPU-1111"), ("host-a", "GPU-2222")
-    assert gpu_memory_refusal([(a, (0, 3 << 30, 7 << 30)), (a, (0, 3 << 30, 6 << 30))], 1 << 30) is None
-    refusal = gpu_memory_refusal([(a, (0, 3 << 30, 7 << 30)), (a, (0, 3 << 30, 5 << 30))], 1 << 30)
+    G = 1 << 30
+    assert gpu_memory_refusal([(a, (0, 3 * G, G, 7 * G)), (a, (0, 3 * G, G, 6 * G))]) is None
+    refusal = gpu_memory_refusal([(a, (0, 3 * G, G // 2, 7 * G)), (a, (0, 3 * G, G, 5 * G))])
     assert refusal == (
         "at 1073741824 bytes the sweep's buffers and scratch take at least 6.0 GiB on GPU 0 of host-a "
         "(2 rank(s) on it), more than its 5.0 GiB free; lower --maxbytes or run fewer algorithms"
     )
     # each rank shown its own GPU sees it as GPU 0: told apart by UUID, each holds its own rank
-    assert gpu_memory_refusal([(a, (0, 3 << 30, 5 << 30)), (b, (0, 3 << 30, 5 << 30))], 1 << 30) is None
+    assert gpu_memory_refusal([(a, (0, 3 * G, G, 5 * G)), (b, (0, 3 * G, G, 5 * G))]) is None
     assert "on GPU 0 of host-a (1 rank(s) on it)" in gpu_memory_refusal(
-        [(b, (0, 1, 2)), (a, (0, 3 << 30, 2 << 30))], 1 << 30
+        [(b, (0, 1, G, 2)), (a, (0, 3 * G, G, 2 * G))]
     )
 
 
@@ -608,8 +609,9 @@ def test_a_cuda_sweep_beyond_the_gpus_free_memory_is_refused_in_the_rank(monkeyp
     from commbench import comm
     from commbench.bench.sweep import buffer_bytes, check_gpu_memory, scratch_per_rank
 
+    monkeypatch.delenv(comm.HOST_FROM_ENV, raising=False)
     config = SweepConfig(algorithms=("builtin", "naive"), min_bytes=1 << 20, max_bytes=64 << 20)
-    scratch = scratch_per_rank(config, 4)[0]  # naive's root holds a message from each peer
+    scratch = scratch_per_rank(config, 4, backend)[0]  # naive's root holds a message from each peer
     assert scratch == 3 * (64 << 20)
     need = buffer_bytes(config, 4) + (scratch if backend == "nccl" else 0)
     monkeypatch.setattr(comm.p2p, "backend_for", lambda group, device: backend)
@@ -621,6 +623,31 @@ def test_a_cuda_sweep_beyond_the_gpus_free_memory_is_refused_in_the_rank(monkeyp
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (need - (256 << 20) - 1, 80 << 30))
     with pytest.raises(ValueError, match=r"at 67108864 bytes .* on GPU 0 of .* \(1 rank\(s\) on it\)"):
         check_gpu_memory(config, 4, 0, torch.device("cuda", 0))
+
+
+def test_where_host_copies_start_within_the_sweep_the_largest_size_on_the_gpu_may_be_the_worst(monkeypatch):
+    """From $COMMBENCH_GLOO_CUDA_HOST_FROM's size on, gloo's hand-written calls keep their scratch
+    on the host; below it on the GPU, where naive's root at 32 MiB held more than the 64 MiB size
+    (the check looked at the largest size alone)."""
+    import dataclasses
+
+    from commbench import comm
+    from commbench.bench.sweep import buffer_bytes, gpu_bytes, scratch_per_rank
+
+    monkeypatch.setattr(comm.p2p, "backend_for", lambda group, device: "gloo")
+    config = SweepConfig(algorithms=("builtin", "naive"), min_bytes=1 << 20, max_bytes=64 << 20)
+    below = dataclasses.replace(config, max_bytes=32 << 20)
+    at_32m = buffer_bytes(below, 16) + scratch_per_rank(below, 16)[0]
+    assert at_32m > buffer_bytes(config, 16)
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setenv(comm.HOST_FROM_ENV, "64M")
+    assert gpu_bytes(config, 16, 0, cuda) == (at_32m, 32 << 20)
+    assert gpu_bytes(config, 16, 1, cuda) == (buffer_bytes(config, 16), 64 << 20)  # no scratch off the root
+    monkeypatch.setenv(comm.HOST_FROM_ENV, "0")  # every size on host copies
+    assert gpu_bytes(config, 16, 0, cuda) == (buffer_bytes(config, 16), 64 << 20)
+    monkeypatch.setenv(comm.HOST_FROM_ENV, "never")
+    whole = buffer_bytes(config, 16) + scratch_per_rank(config, 16)[0]
+    assert gpu_bytes(config, 16, 0, cuda) == (whole, 64 << 20)
 
 
 def test_series_of_one_algorithm_with_different_segments_share_its_scratch():

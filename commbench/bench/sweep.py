@@ -171,10 +171,10 @@ def buffer_bytes(config: SweepConfig, world: int) -> int:
     return total + (CHECK_BYTES_PER_ELEMENT * min(count, CHECK_CHUNK) if config.check else 0)
 
 
-def scratch_per_rank(config: SweepConfig, world: int) -> list[int]:
-    """Bytes of algorithms' scratch each rank holds at the sweep's largest size (the cost model's
-    :func:`~commbench.comm.costmodel.scratch_bytes`, summed over the series; series that run the
-    same algorithm share it). The workspace is made afresh for each size."""
+def scratch_per_rank(config: SweepConfig, world: int, backend: str = "gloo") -> list[int]:
+    """Bytes of algorithms' scratch each rank holds at the sweep's largest size over ``backend``
+    (the cost model's :func:`~commbench.comm.costmodel.scratch_bytes`, summed over the series;
+    series that run the same algorithm share it). The workspace is made afresh for each size."""
     spec, dtype = SPECS[config.collective], parse_dtype(config.dtype)
     size = max(sizes(config))
     count = spec.count(size, dtype.itemsize, world)
@@ -188,47 +188,71 @@ def scratch_per_rank(config: SweepConfig, world: int) -> list[int]:
             continue
         resolved, segment = _resolve(config, s, count * dtype.itemsize, world)
         mine = scratch_bytes(
-            config.collective, resolved, world, count, dtype.itemsize, root=config.root, segment_bytes=segment
+            config.collective,
+            resolved,
+            world,
+            count,
+            dtype.itemsize,
+            root=config.root,
+            segment_bytes=segment,
+            backend=backend,
         )
         held[resolved] = [max(a, b) for a, b in zip(held.get(resolved, mine), mine, strict=True)]
     return [sum(col) for col in zip(*held.values(), strict=True)] if held else [0] * world
 
 
-def gpu_memory_refusal(found: list, largest: int) -> str | None:
-    """Why a CUDA sweep cannot hold its largest size, from every rank's ((host, GPU UUID), (GPU
-    index, bytes it needs, bytes it saw free)); None where each GPU holds its ranks' needs. The
-    ranks on one GPU need the sum of their bytes and have the least any of them saw."""
+def gpu_memory_refusal(found: list) -> str | None:
+    """Why a CUDA sweep cannot hold its sizes, from every rank's ((host, GPU UUID), (GPU index,
+    bytes it needs at its worst size, that size, bytes it saw free)); None where each GPU holds
+    its ranks' needs. The ranks on one GPU need the sum of their bytes and have the least any of
+    them saw."""
     gpus: dict[tuple[str, str], list[int]] = {}
-    for key, (index, need, have) in found:
-        gpu = gpus.setdefault(key, [index, 0, have, 0])
+    for key, (index, need, size, have) in found:
+        gpu = gpus.setdefault(key, [index, 0, size, have, 0])
         gpu[1] += need
-        gpu[2] = min(gpu[2], have)
-        gpu[3] += 1
-    for (host, _), (index, need, have, ranks) in gpus.items():
+        gpu[2] = max(gpu[2], size)
+        gpu[3] = min(gpu[3], have)
+        gpu[4] += 1
+    for (host, _), (index, need, size, have, ranks) in gpus.items():
         if need > have:
             return (
-                f"at {largest} bytes the sweep's buffers and scratch take at least {amount(need)} on "
+                f"at {size} bytes the sweep's buffers and scratch take at least {amount(need)} on "
                 f"GPU {index} of {host} ({ranks} rank(s) on it), more than its {amount(have)} free; "
                 "lower --maxbytes or run fewer algorithms"
             )
     return None
 
 
-def check_gpu_memory(config: SweepConfig, world: int, rank: int, device: torch.device) -> None:
-    """Refuse (ValueError, on every rank alike) a CUDA sweep whose buffers and scratch at its
-    largest size, summed over the ranks on each GPU, exceed what that GPU has free: CUDA would run
-    out of memory at that size, after the smaller sizes had run. Each rank measures before it
-    allocates anything of the sweep, then the ranks share what they found (one all_gather), so
-    all refuse together or none does. Checked in the ranks, where CUDA is up: the launcher must
-    not start CUDA before it forks them. Scratch counts where it lives: a hand-written gloo call
-    on CUDA tensors that runs on host copies keeps its scratch in host memory."""
-    largest = max(sizes(config))
+def gpu_bytes(config: SweepConfig, world: int, rank: int, device: torch.device) -> tuple[int, int]:
+    """(bytes, size): the most GPU memory this rank's buffers and scratch take at one size of the
+    sweep, and that size. Scratch counts where it lives: a hand-written gloo call on CUDA tensors
+    from $COMMBENCH_GLOO_CUDA_HOST_FROM's size on runs on host copies, scratch and all. Both grow
+    with the size, so the worst is the largest size or, where that moves the scratch to the
+    host, the largest below it."""
+    backend = comm.p2p.backend_for(None, device)
+    every = sizes(config)
     # "ring" stands for every hand-written algorithm: builtin has no scratch
-    on_host = comm.staged_whole(device, "ring", comm.p2p.backend_for(None, device), largest)
-    need = buffer_bytes(config, world) + (0 if on_host else scratch_per_rank(config, world)[rank])
+    kept = [s for s in every if not comm.staged_whole(device, "ring", backend, s)]
+    worst = []
+    for size in {max(every), *kept[-1:]}:
+        upto = dataclasses.replace(config, max_bytes=size)
+        on_gpu = size in kept
+        scratch = scratch_per_rank(upto, world, backend)[rank] if on_gpu else 0
+        worst.append((buffer_bytes(upto, world) + scratch, size))
+    return max(worst)
+
+
+def check_gpu_memory(config: SweepConfig, world: int, rank: int, device: torch.device) -> None:
+    """Refuse (ValueError, on every rank alike) a CUDA sweep whose buffers and scratch at some
+    size, summed over the ranks on each GPU, exceed what that GPU has free: CUDA would run out of
+    memory at that size, after the smaller sizes had run. Each rank measures before it allocates
+    anything of the sweep, then the ranks share what they found (one all_gather), so all refuse
+    together or none does. Checked in the ranks, where CUDA is up: the launcher must not start
+    CUDA before it forks them. Host memory, where gloo's calls keep their copies, is not checked."""
+    need, size = gpu_bytes(config, world, rank, device)
     free, _ = torch.cuda.mem_get_info(device)
     have = free + torch.cuda.memory_reserved(device)
-    refusal = gpu_memory_refusal(comm.p2p.gather_by_gpu(device, (device.index, need, have)), largest)
+    refusal = gpu_memory_refusal(comm.p2p.gather_by_gpu(device, (device.index, need, size, have)))
     if refusal is not None:
         raise ValueError(refusal)
 

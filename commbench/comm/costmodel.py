@@ -301,14 +301,15 @@ def cost(
 
 
 def _ring_reduce_scatter_scratch(
-    chunk: int, n: int, itemsize: int, segment_bytes: int, in_place: bool
+    chunk: int, n: int, itemsize: int, segment_bytes: int, in_place: bool, backend: str
 ) -> int:
     """Elements of a ring reduce-scatter's scratch over chunks of at most ``chunk`` elements: the
-    slots arriving segments land in, and out of place (n > 2) a spare chunk for partial sums."""
+    slots arriving segments land in (as many as receives are posted ahead on gloo; on NCCL, which
+    posts none ahead, one per segment of a chunk), and out of place (n > 2) a spare chunk for
+    partial sums."""
     nseg = num_segments(chunk, itemsize, segment_bytes)
-    return receive_slots(nseg, look_ahead(segment_bytes), n) * -(-chunk // nseg) + (
-        0 if in_place or n <= 2 else chunk
-    )
+    ahead = 0 if backend == "nccl" else look_ahead(segment_bytes)
+    return receive_slots(nseg, ahead, n) * -(-chunk // nseg) + (0 if in_place or n <= 2 else chunk)
 
 
 def _tree_reduce_scratch(count: int, rel: int, n: int) -> int:
@@ -327,10 +328,12 @@ def scratch_bytes(
     *,
     root: int = 0,
     segment_bytes: int = SEGMENT_BYTES,
+    backend: str = "gloo",
 ) -> tuple[int, ...]:
     """Bytes of scratch each rank's :class:`~commbench.comm.Workspace` holds after one call over
-    gloo, input and output distinct (as a sweep calls them). ``builtin``'s memory is the
-    backend's own and not counted. Arguments as for :func:`cost`."""
+    ``backend`` (the ring's receive slots differ: gloo posts receives ahead, NCCL none), input and
+    output distinct (as a sweep calls them). ``builtin``'s memory is the backend's own and not
+    counted. Other arguments as for :func:`cost`."""
     _check_call(collective, algorithm, world_size, count, itemsize, root, segment_bytes)
     n = world_size
     if algorithm == "auto":
@@ -352,13 +355,15 @@ def scratch_bytes(
             folded = recursive_doubling_layout(n)[1]
             elems = [(0 if r % 2 == 0 else count) if r < 2 * folded else core for r in range(n)]
         elif (collective, algorithm) == ("all_reduce", "ring"):
-            elems = [_ring_reduce_scatter_scratch(-(-count // n), n, itemsize, segment_bytes, True)] * n
+            chunk = -(-count // n)
+            elems = [_ring_reduce_scatter_scratch(chunk, n, itemsize, segment_bytes, True, backend)] * n
         elif (collective, algorithm) == ("reduce_scatter", "ring") and part > 0:
-            elems = [_ring_reduce_scatter_scratch(part, n, itemsize, segment_bytes, False)] * n
+            elems = [_ring_reduce_scatter_scratch(part, n, itemsize, segment_bytes, False, backend)] * n
         elif (collective, algorithm) == ("reduce", "tree"):
             elems = [_tree_reduce_scratch(count, x, n) for x in rel]
         elif (collective, algorithm) == ("reduce", "ring"):
-            body = part + _ring_reduce_scatter_scratch(part, n, itemsize, segment_bytes, False) if part else 0
+            ring = _ring_reduce_scatter_scratch(part, n, itemsize, segment_bytes, False, backend)
+            body = part + ring if part else 0
             elems = [body + _tree_reduce_scratch(count - part * n, x, n) for x in rel]
     return tuple(e * itemsize for e in elems)
 
