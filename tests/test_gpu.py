@@ -139,6 +139,18 @@ def test_cuda_sweep(tmp_path, args):
     assert records and all(r["device"] == "cuda" and r["wrong"] == 0 for r in records)
 
 
+def _batch_searches(tmp_path: Path, command: str, *args: str) -> list[dict]:
+    """The train summaries of ``commbench COMMAND --device cuda --batch-size 0 ARGS``, which must
+    end well."""
+    path = tmp_path / "t.jsonl"
+    argv = [command, "--device", "cuda", "--batch-size", "0", "--no-eval", "-q", "--json", str(path), *args]
+    out = subprocess.run(
+        [sys.executable, "-m", "commbench", *argv], capture_output=True, text=True, cwd=ROOT, timeout=400
+    )
+    assert out.returncode == 0, out.stderr
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "train_summary"]
+
+
 @pytest.mark.parametrize(
     "args, batch",
     [(["--strategy", "none"], 300), (["--strategy", "ring", "--world-size", "2", "--backend", "gloo"], 150)],
@@ -146,36 +158,9 @@ def test_cuda_sweep(tmp_path, args):
 )
 def test_largest_batch_is_capped_by_the_data(tmp_path, args, batch):
     """--batch-size 0 on a small dataset: the model fits far more, so the data's share per rank wins."""
-    path = tmp_path / "t.jsonl"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "commbench",
-            "train",
-            "--device",
-            "cuda",
-            "--batch-size",
-            "0",
-            "--model",
-            "mlp",
-            "--model-opt",
-            "widths=32",
-            "--samples",
-            "300",
-            "--no-eval",
-            "-q",
-            "--json",
-            str(path),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
+    summaries = _batch_searches(
+        tmp_path, "train", "--model", "mlp", "--model-opt", "widths=32", "--samples", "300", *args
     )
-    assert out.returncode == 0, out.stderr
-    summaries = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "train_summary"]
     assert summaries and all(s["batch_size"] == batch for s in summaries)
 
 
@@ -183,39 +168,9 @@ def test_a_batch_the_memory_bounds_trains(tmp_path):
     """--batch-size 0 where GPU memory, not the data, sets the batch: the batch found trains, with
     several strategies' models resident. A batch found at the edge of a lone trial step's memory
     ran out of it before training had taken a step."""
-    path = tmp_path / "c.jsonl"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "commbench",
-            "compare",
-            "--device",
-            "cuda",
-            "--world-size",
-            "1",
-            "--strategies",
-            "none,ddp,vanilla-dp",
-            "--model",
-            "resnet18_cifar",
-            "--samples",
-            "200000",
-            "--batch-size",
-            "0",
-            "--steps-per-epoch",
-            "2",
-            "--no-eval",
-            "-q",
-            "--json",
-            str(path),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=400,
-    )
-    assert out.returncode == 0, out.stderr
-    summaries = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "train_summary"]
+    strategies = ["--world-size", "1", "--strategies", "none,ddp,vanilla-dp"]
+    model = ["--model", "resnet18_cifar", "--samples", "200000", "--steps-per-epoch", "2"]
+    summaries = _batch_searches(tmp_path, "compare", *strategies, *model)
     batches = {s["batch_size"] for s in summaries}
     assert len(summaries) == 3 and len(batches) == 1 and 0 < batches.pop() < 200000, summaries
 
