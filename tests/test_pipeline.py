@@ -92,3 +92,22 @@ def test_only_the_most_recent_schedules_are_kept():
     plan(ws, 0, lambda: built.append(-2))  # the oldest: dropped when the last one came
     assert built == [*range(PLANS_KEPT + 1), -2]
     assert len(ws._plans) == PLANS_KEPT
+
+
+def test_a_grown_buffer_is_not_held_by_the_schedules_kept_on_it():
+    """Series of one algorithm with different segments (ring@1M, then ring) held the scratch of
+    both, since the first's kept schedule viewed the buffer the second outgrew."""
+    import gc
+    import weakref
+
+    ws, like = Workspace(), torch.zeros(1)
+    small = ws.get("slots", (10,), like)
+    plan(ws, "ring@1M", lambda s=small: [s[:5], s[5:]])
+    outgrown = weakref.ref(small._base)
+    del small
+    ws.get("slots", (20,), like)
+    gc.collect()
+    assert outgrown() is None and not ws._plans
+    kept = plan(ws, "ring", lambda: [ws.get("slots", (20,), like)])
+    ws.get("slots", (20,), like)  # no growth: the schedule stays
+    assert plan(ws, "ring", lambda: []) is kept

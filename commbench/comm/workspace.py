@@ -38,6 +38,10 @@ class Workspace:
         key = (name, like.dtype, device, pinned)
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < numel:
+            if buf is not None:
+                # Kept schedules may view the outgrown buffer and would hold it beside the new one
+                # (ring@1M then ring held both): they go with it, to be built again on the new one.
+                self._plans.clear()
             # zeros, not empty: touch the pages now
             buf = torch.zeros(numel, dtype=like.dtype, device=device, pin_memory=pinned)
             self._buffers[key] = buf
