@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.bench.records import file_stamp, output_path
-from commbench.units import rank_count
+from commbench.units import amount, rank_count
 from commbench.units import size_argument as _size
 
 SUMMARY_KEYS = (
@@ -383,8 +383,6 @@ def check_sweep_memory(config: Any, spec: Any, local: int | None = None) -> None
     need = local * buffer_bytes(config, spec.world_size) + sum(scratch)
     available = psutil.virtual_memory().available
     if need > available:
-        from commbench.units import amount
-
         raise ValueError(
             f"at {max(sizes(config))} bytes the sweep's buffers and scratch take at least {amount(need)} "
             f"over {local} rank(s) on this host, more than the {amount(available)} of memory available; "

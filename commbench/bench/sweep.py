@@ -206,19 +206,16 @@ def gpu_memory_refusal(found: list) -> str | None:
     bytes it needs at its worst size, that size, bytes it saw free)); None where each GPU holds
     its ranks' needs. The ranks on one GPU need the sum of their bytes and have the least any of
     them saw."""
-    gpus: dict[tuple[str, str], list[int]] = {}
-    for key, (index, need, size, have) in found:
-        gpu = gpus.setdefault(key, [index, 0, size, have, 0])
-        gpu[1] += need
-        gpu[2] = max(gpu[2], size)
-        gpu[3] = min(gpu[3], have)
-        gpu[4] += 1
-    for (host, _), (index, need, size, have, ranks) in gpus.items():
+    gpus: dict[tuple[str, str], list[tuple[int, int, int, int]]] = {}
+    for key, row in found:
+        gpus.setdefault(key, []).append(row)
+    for (host, _), rows in gpus.items():
+        need, have = sum(r[1] for r in rows), min(r[3] for r in rows)
         if need > have:
             return (
-                f"at {size} bytes the sweep's buffers and scratch take at least {amount(need)} on "
-                f"GPU {index} of {host} ({ranks} rank(s) on it), more than its {amount(have)} free; "
-                "lower --maxbytes or run fewer algorithms"
+                f"at {max(r[2] for r in rows)} bytes the sweep's buffers and scratch take at least "
+                f"{amount(need)} on GPU {rows[0][0]} of {host} ({len(rows)} rank(s) on it), more than "
+                f"its {amount(have)} free; lower --maxbytes or run fewer algorithms"
             )
     return None
 

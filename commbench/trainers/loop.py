@@ -641,9 +641,9 @@ def find_max_batch(
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(device)
-    found = p2p.gather_by_gpu(device, free + torch.cuda.memory_reserved(device))
+    shares = p2p.gather_by_gpu(device, free + torch.cuda.memory_reserved(device))
     mine = p2p.gpu_key(device)
-    peers = [have for key, have in found if key == mine]  # this rank's among them
+    peers = [have for key, have in shares if key == mine]  # this rank's among them
     budget = SEARCH_HEADROOM * min(peers) / len(peers)
 
     def fits(b: int) -> bool:
