@@ -3,11 +3,14 @@ carry counters read at that instant, bytes are attributed between markers, its c
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
+import types
 
 import pytest
 
+from commbench.probes import nvml as nvml_module
 from commbench.probes.nvml import Nvml
 from commbench.probes.sampler import ESTIMATE_SOURCE, Sampler
 from tests import fake_nvml as fk
@@ -74,9 +77,16 @@ def test_the_stretch_after_the_last_tick_is_sampled_at_stop():
     assert s.stop().samples == ()
 
 
-def test_gpu_counters_unwrap_across_ticks_and_markers():
-    # gen3 x8 (7.9 GB/s) needs 0.55 s between two readings to wrap 2^32 twice: no note on a 20 ms
-    # grid, however loaded the machine (gen5 x16 would need only 68 ms).
+def _stamps_apart(monkeypatch, seconds: float) -> None:
+    """NVML counter readings stamped ``seconds`` apart, whenever they are taken."""
+    clock = itertools.count()
+    monkeypatch.setattr(nvml_module, "time", types.SimpleNamespace(monotonic=lambda: next(clock) * seconds))
+
+
+def test_gpu_counters_unwrap_across_ticks_and_markers(monkeypatch):
+    # gen3 x8 (7.9 GB/s) needs 0.55 s between two readings to wrap 2^32 twice: no note with
+    # readings 0.2 s apart, in which the link can move the 1.6 GB that 1e9 bytes a reading needs.
+    _stamps_apart(monkeypatch, 0.2)
     module = FakeNvmlModule([FakeDevice(pcie_max_gen=3, pcie_max_width=8)])
     dev = module.devices[0]
     nvml = Nvml.open(module)
@@ -103,6 +113,32 @@ def test_gpu_counters_unwrap_across_ticks_and_markers():
     assert max(r.pcie_tx_bytes_per_s for r in rows) > 1e9
     assert tl.summary()["gpus"][0]["power_w"] == {"mean": 250.0, "max": 250.0}
     assert tl.notes == ()
+
+
+def test_a_32_bit_counter_that_went_back_further_than_its_link_allows_was_reset():
+    """A reset reads like a wrap: 5 MB back to near 0 was 4.29 GB in one tick of a 7.9 GB/s link,
+    with no note. A wrap the link can carry in the gap still counts."""
+    module = FakeNvmlModule([FakeDevice(pcie_max_gen=3, pcie_max_width=8)])
+    dev = module.devices[0]
+    s = Sampler(INTERVAL, nvml=Nvml.open(module))  # driven tick by tick, without its thread
+    dev.set_field(fk.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, (1 << 32) - 100)
+    point = s._point()
+    dev.set_field(fk.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 50)  # wrapped: 150 bytes
+    time.sleep(0.01)
+    point, sample = s._tick(point)
+    assert sample.gpus[0].pcie_tx_bytes_per_s > 0 and point.gpus[0].pcie_tx_bytes == 150
+    dev.set_field(fk.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 5_000_000)
+    time.sleep(0.01)
+    point, sample = s._tick(point)
+    dev.set_field(fk.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 1000)  # reset, then 1 kB
+    time.sleep(0.01)
+    point, sample = s._tick(point)
+    assert sample.gpus[0].pcie_tx_bytes_per_s is None
+    assert s._notes() == ("GPU 0 pcie_tx counter went backwards 1 time(s); those ticks are lost",)
+    dev.set_field(fk.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 3000)
+    time.sleep(0.01)
+    point, sample = s._tick(point)  # counts on from the reset
+    assert point.gpus[0].pcie_tx_bytes == 150 + 4_999_950 + 2000  # the 1 kB before it is lost
 
 
 def test_note_when_a_32_bit_counter_could_wrap_twice_in_a_tick():

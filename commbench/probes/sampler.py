@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from commbench.probes import host
-from commbench.probes.links import pcie_max_gbps
+from commbench.probes.links import DEFAULT_MARGIN, pcie_max_gbps
 from commbench.probes.nvml import COUNTER_NAMES, Counter, DeviceInfo, Nvml
 
 COUNTER_SOURCE = "counter"
@@ -241,11 +241,27 @@ class Timeline:
         }
 
 
+def _pcie_bytes_per_s(info: DeviceInfo) -> float | None:
+    """The most a GPU's PCIe link carries a second, each way; None where its link is not known."""
+    if not (info.pcie_max_generation and info.pcie_max_width):
+        return None
+    try:
+        return pcie_max_gbps(info.pcie_max_generation, info.pcie_max_width) * 1e9
+    except ValueError:
+        return None
+
+
 class _Accumulator:
     """Running byte total of one cumulative counter, unwrapped reading by reading, and the longest
-    time between two good readings (what one unwrap has to span)."""
+    time between two good readings (what one unwrap has to span).
 
-    def __init__(self) -> None:
+    A counter that went backwards wrapped, or was reset (a driver reload, a GPU reset), which reads
+    the same; where the link's maximum is known (``max_bytes_per_s``), a wrap that would mean more
+    bytes than the link carries in the gap is taken as a reset: a 32-bit counter reset from 5 MB to
+    near 0 was otherwise 4.29 GB in one 0.1 s tick of a 7.9 GB/s link."""
+
+    def __init__(self, max_bytes_per_s: float | None = None) -> None:
+        self.max_bytes_per_s = max_bytes_per_s
         self.last: Counter | None = None
         self.last_t: float | None = None
         self.longest_gap_s = 0.0
@@ -257,11 +273,14 @@ class _Accumulator:
         self.fresh = False
         if reading is None:  # a failed read: keep the last good one
             return
-        if self.last_t is not None:
-            self.longest_gap_s = max(self.longest_gap_s, t - self.last_t)
+        gap = None if self.last_t is None else t - self.last_t
+        if gap is not None:
+            self.longest_gap_s = max(self.longest_gap_s, gap)
         self.last_t = t
         if self.last is not None and self.total is not None:
             delta = reading.bytes_since(self.last)
+            if delta is not None and reading.value < self.last.value and not self._carried(delta, gap):
+                delta = None
             if delta is None:
                 self.resets += 1
             else:
@@ -271,6 +290,12 @@ class _Accumulator:
             self.total = 0
             self.fresh = True
         self.last = reading
+
+    def _carried(self, delta: int, gap: float | None) -> bool:
+        """Whether the link could have moved ``delta`` bytes in ``gap`` seconds (True where unknown)."""
+        if self.max_bytes_per_s is None or gap is None or gap <= 0:
+            return True
+        return delta <= self.max_bytes_per_s * (1 + DEFAULT_MARGIN) * gap
 
     def now(self) -> int | None:
         """The total as of this reading; None where this reading failed or went backwards, so that
@@ -365,7 +390,11 @@ class Sampler:
         self._t0 = 0.0
         self._samples: list[Sample] = []
         self._markers: list[Marker] = []
-        self._accum = {(d.index, n): _Accumulator() for d in self._devices for n in COUNTER_NAMES}
+        self._accum = {
+            (d.index, n): _Accumulator(_pcie_bytes_per_s(d) if n.startswith("pcie") else None)
+            for d in self._devices
+            for n in COUNTER_NAMES
+        }
         self._nic = _NicTotals(nic) if nic is not None else None
         self._thread_cpu_s = 0.0
         self._error: BaseException | None = None
@@ -563,20 +592,9 @@ class Sampler:
                 notes.append(
                     f"GPU {index} {name} counter went backwards {acc.resets} time(s); those ticks are lost"
                 )
-            info = self._devices[index]
             wrap = acc.last.wrap if acc.last is not None else None
-            if (
-                name.startswith("pcie")
-                and wrap == 1 << 32
-                and info.pcie_max_generation
-                and info.pcie_max_width
-            ):
-                try:
-                    most = (
-                        pcie_max_gbps(info.pcie_max_generation, info.pcie_max_width) * 1e9 * acc.longest_gap_s
-                    )
-                except ValueError:
-                    continue
+            if acc.max_bytes_per_s is not None and wrap == 1 << 32:
+                most = acc.max_bytes_per_s * acc.longest_gap_s
                 if most >= wrap:
                     notes.append(
                         f"GPU {index} {name} is a 32-bit counter and {acc.longest_gap_s:.3g} s passed "
