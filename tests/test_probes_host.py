@@ -3,6 +3,7 @@ socket, loopback and own addresses route to lo, CPU and memory readings are sane
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 
@@ -136,6 +137,26 @@ def test_a_subnet_given_by_an_ipv6_netmask_is_matched(monkeypatch):
     assert host.nic_for_address("fd00:1::7") == "busiest"  # outside the /64
     assert host._prefix_length("ffff:ffff:ffff:ff00::") == 56
     assert host._prefix_length("ffff::ffff") is None  # not contiguous
+
+
+def test_this_hosts_address_in_another_spelling_routes_to_lo(monkeypatch):
+    """A zoned link-local address and an IPv4-mapped one are this host's too: they went out to the
+    route's interface, whose counter sees none of the traffic, where the plain forms gave lo."""
+    from types import SimpleNamespace
+
+    def addrs() -> dict:
+        v4 = SimpleNamespace(family=socket.AF_INET, address="198.18.7.5", netmask="255.255.255.0")
+        v6 = SimpleNamespace(family=socket.AF_INET6, address="fe80::5%eth9", netmask="ffff:ffff:ffff:ffff::")
+        lo = SimpleNamespace(family=socket.AF_INET, address="127.0.0.1", netmask="255.0.0.0")
+        return {"lo": [lo], "eth9": [v4, v6]}
+
+    monkeypatch.setattr(psutil, "net_if_addrs", addrs)
+    monkeypatch.setattr(host, "_source_ip", lambda ip: ipaddress.ip_address("198.18.7.5"))
+    assert host.nic_for_address("fe80::5%eth9") == "lo"
+    assert host.nic_for_address("fe80::5") == "lo"
+    assert host.nic_for_address("::ffff:198.18.7.5") == "lo"
+    assert host.nic_for_address("::ffff:127.0.0.1") == "lo"
+    assert host.nic_for_address("198.18.7.9") == "eth9"  # a peer: the route's interface
 
 
 def test_selected_nic_env_override(monkeypatch):

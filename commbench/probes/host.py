@@ -40,6 +40,9 @@ class MachineCpu:
     total_s: float
 
 
+_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
 def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """``address`` as an IP, resolving a host name through the system resolver; None if it fails."""
     try:
@@ -102,6 +105,14 @@ def _source_ip(
         return None
 
 
+def _plain(ip: _Address) -> _Address:
+    """``ip`` without an IPv6 zone, and an IPv4-mapped IPv6 address as its IPv4 one: the forms in
+    which two spellings of one address compare equal ("fe80::1%eth0" is "fe80::1")."""
+    if ip.version == 6:
+        return ip.ipv4_mapped or ipaddress.IPv6Address(int(ip))
+    return ip
+
+
 def nic_for_address(address: str) -> str:
     """The interface whose traffic reaches ``address`` (an IP or host name).
 
@@ -115,7 +126,7 @@ def nic_for_address(address: str) -> str:
     ip = _ip(address)
     if ip is None:
         return _busiest(ifaces, lo)
-    if ip.is_loopback or any(n.ip == ip for nets in ifaces.values() for n in nets):
+    if _plain(ip).is_loopback or any(_plain(n.ip) == _plain(ip) for nets in ifaces.values() for n in nets):
         return lo
     src = _source_ip(ip)
     if src is not None:
