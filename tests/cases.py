@@ -695,7 +695,7 @@ def _wire_faults(case: dict[str, Any]) -> str | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     counter = wirecount.WireCounter(torch.device("cpu"))
     counter.hosts = [[r] for r in range(world)]
-    counter.info = [("lo", f"198.18.0.{r + 1}") for r in range(world)]
+    counter.info = [(f"veth{r}", f"198.18.0.{r + 1}") for r in range(world)]  # hosts of their own
     faulty = rank == case["rank"]
     counter.link_gbps = 0.125 if faulty else None  # only the faulty host's link is checked
     # Readings: 0 opens the pass, 1 closes it, 2 and 3 bound the first idle interval.

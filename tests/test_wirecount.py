@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from commbench.probes.wirecount import WireCounter, link_gbps, link_problem
 
@@ -94,7 +95,7 @@ def test_broken_readings_are_judged_from_the_gathered_rows() -> None:
     "fault, verdict",
     [
         ("reset", "not judged: the interface counters went backwards"),
-        ("impossible", "impossible reading: lo (198.18.0.2) sent"),
+        ("impossible", "impossible reading: veth1 (198.18.0.2) sent"),
     ],
 )
 def test_one_hosts_broken_reading_is_every_ranks_verdict(worlds, fault, verdict) -> None:
@@ -108,6 +109,94 @@ def test_an_idle_interval_whose_counters_went_backwards_is_left_out(worlds) -> N
     results = worlds(2).run(("wire_faults", {"fault": "idle_reset", "rank": 1}))
     assert results[0] == results[1], results
     assert not (results[0] or "").startswith("not judged: the interface counters"), results
+
+
+def test_counts_from_several_hosts_with_several_ranks_to_a_host_are_not_judged() -> None:
+    """The cost model's bytes are all a rank sends; the interface between hosts does not carry what
+    ranks of one host send each other. A 2 x 2 ring crosses hosts on half its hops: 0.5 of the
+    computed bytes was flagged as a short count."""
+    c = _counter([[0, 1], [2, 3]], ["eth0", "eth0"], "ethernet", 1500, None)
+    sent = [3_000_000] * 4
+    rows = [[3_138_000, 3_138_000, 0, 0, 0.0, 0.0]] * 4  # each host: one rank's bytes, framed
+    wc = c.summarise(rows, 1, sent, sent, 4 << 20)
+    assert wc.wire_check == (
+        "not judged: ranks run on 2 hosts, several to a host, and what ranks of one host send each "
+        "other does not cross its interface"
+    )
+    assert wc.measured_wire_bytes == 2 * 3_138_000 and wc.wire_bytes_ratio == pytest.approx(0.523)
+    assert (
+        _counter([[0, 1, 2, 3]], ["lo"], "loopback", 65536, None)
+        .summarise([[12_012_000, 12_012_000, 0, 0, 0.0, 0.0]] * 4, 1, sent, sent, 4 << 20)
+        .wire_check
+        is None
+    )  # one host: every byte crosses its loopback
+
+
+def test_a_loopback_count_among_several_hosts_is_not_judged() -> None:
+    c = _counter([[0], [1]], ["lo", "eth0"], "loopback", 65536, None)
+    sent = [1_000_000, 1_000_000]
+    rows = [[0, 0, 0, 0, 0.0, 0.0], [1_046_000, 1_046_000, 0, 0, 0.0, 0.0]]
+    assert c.summarise(rows, 1, sent, sent, 1 << 20).wire_check == (
+        "not judged: ranks run on 2 hosts, and lo (198.18.0.1) is loopback, which carries none of the "
+        "traffic between them (name the interface in $COMMBENCH_NIC)"
+    )
+
+
+class _Gathered:
+    """A stand-in process group for the probes' all-gathers: rank ``rank`` of ``rows``."""
+
+    def __init__(self, monkeypatch, rank: int, rows: list[tuple]) -> None:
+        from commbench.probes import wirecount
+
+        self.rows = rows
+        monkeypatch.setattr(wirecount.dist, "get_world_size", lambda: len(rows))
+        monkeypatch.setattr(wirecount.dist, "all_gather_object", self.gather)
+        self.rank, self.calls = rank, 0
+
+    def gather(self, out: list, mine: tuple) -> None:
+        self.calls += 1
+        out[:] = [mine if r == self.rank else row for r, row in enumerate(self.rows)]
+
+
+@pytest.mark.parametrize(
+    "node1, override, want",
+    [
+        ("hostB:1", "", "eth0"),  # ranks on another host: the master's host counts toward it
+        ("hostA:1", "", "lo"),  # one host: everything goes through loopback
+        ("hostB:1", "lo", "lo"),  # $COMMBENCH_NIC is kept as given
+    ],
+)
+def test_the_masters_host_counts_the_interface_toward_the_other_hosts(monkeypatch, node1, override, want):
+    """Under torchrun the master's host has $MASTER_ADDR as its own address, which gives loopback:
+    it counted none of its traffic with the other hosts, while they counted theirs on eth0."""
+    from commbench.probes import host, wirecount
+
+    monkeypatch.setenv(host.NIC_ENV, override)
+    monkeypatch.setattr(host, "selected_nic", lambda: "lo")
+    monkeypatch.setattr(wirecount, "_node_id", lambda: "hostA:1")
+    monkeypatch.setattr(wirecount, "_address", lambda nic: "127.0.0.1" if nic == "lo" else "192.0.2.2")
+    routes = []
+    monkeypatch.setattr(host, "nic_for_address", lambda a: routes.append(a) or "eth0")
+    _Gathered(monkeypatch, 0, [None, (node1, "192.0.2.3", False)])
+    assert wirecount.agreed_nic() == want
+    assert routes == (["192.0.2.3"] if want == "eth0" else [])
+
+
+def test_every_rank_judges_with_rank_0s_framing(monkeypatch) -> None:
+    """Each rank judged with its own interface's MTU and kind, so the same rows got two verdicts."""
+    import types
+
+    from commbench.probes import wirecount
+
+    monkeypatch.setattr(wirecount.p2p, "moves_host_tensors", lambda group: True)
+    monkeypatch.setattr(wirecount, "agreed_nic", lambda: "eth1")
+    monkeypatch.setattr(wirecount, "_address", lambda nic: "192.0.2.3")
+    monkeypatch.setattr(
+        wirecount.psutil, "net_if_stats", lambda: {"eth1": types.SimpleNamespace(mtu=9000, speed=0)}
+    )
+    gathered = _Gathered(monkeypatch, 1, [("hostA:1", "eth0", "192.0.2.2", 1500, False), None])
+    c = wirecount.WireCounter(torch.device("cpu"))
+    assert gathered.calls == 1 and (c.mtu, c.interconnect, c.hosts) == (1500, "ethernet", [[0], [1]])
 
 
 def test_framing_is_counted_per_packet_where_packets_are_known() -> None:

@@ -318,7 +318,14 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None, command: str | 
     from commbench.bench.machine import machine_info
     from commbench.bench.sweep import Rank0Output, run_rank
 
-    sink = Rank0Output(config, machine_info(dist.get_backend(), command)) if dist.get_rank() == 0 else None
+    nic = None
+    if config.probe:  # every rank: the interface is chosen knowing where the others run
+        from commbench.probes.wirecount import agreed_nic
+
+        nic = agreed_nic()
+    sink = None
+    if dist.get_rank() == 0:
+        sink = Rank0Output(config, machine_info(dist.get_backend(), command), nic)
     try:
         records = run_rank(config, device, sink if sink is not None else (lambda kind, payload: None))
     finally:

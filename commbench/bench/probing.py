@@ -19,8 +19,11 @@ class RunProbe:
     without the probe's timeline.
     """
 
-    def __init__(self, interval_s: float) -> None:
-        self.nic = host.selected_nic()  # before NVML is opened: a bad $COMMBENCH_NIC leaves nothing open
+    def __init__(self, interval_s: float, nic: str | None = None) -> None:
+        """``nic``: the interface to sample (``wirecount.agreed_nic``'s); ``host.selected_nic()``'s
+        where None."""
+        # Before NVML is opened: a bad $COMMBENCH_NIC leaves nothing open.
+        self.nic = host.selected_nic() if nic is None else nic
         self.nvml, self.nvml_note = Nvml.open_with_reason()
         try:
             self.sampler = Sampler(interval_s=interval_s, nvml=self.nvml, nic=self.nic).start()

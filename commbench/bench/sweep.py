@@ -523,7 +523,8 @@ def _count_wire(
 class Rank0Output:
     """What rank 0 does with a sweep's progress: records to files, table rows and a progress bar."""
 
-    def __init__(self, config: SweepConfig, info: dict) -> None:
+    def __init__(self, config: SweepConfig, info: dict, nic: str | None = None) -> None:
+        """``nic``: the interface the probe samples (see :class:`~commbench.bench.probing.RunProbe`)."""
         from commbench.bench import report
 
         self.config = config
@@ -538,7 +539,7 @@ class Rank0Output:
             from commbench.bench.probing import RunProbe
 
             try:
-                self.probe = RunProbe(config.probe_interval_s)
+                self.probe = RunProbe(config.probe_interval_s, nic)
             except BaseException:  # the caller never gets this object to close
                 self.writer.close()
                 raise

@@ -228,13 +228,18 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
     probe = None
     probe_record = None
     try:
+        nic = None
+        if config.probe:  # every rank: the interface is chosen knowing where the others run
+            from commbench.probes.wirecount import agreed_nic
+
+            nic = agreed_nic()
         if rank0:
             info = machine_info(dist.get_backend(), command)
             writer.header({**info, "config": dataclasses.asdict(config)})
             if config.probe:
                 from commbench.bench.probing import RunProbe
 
-                probe = RunProbe(config.probe_interval_s)
+                probe = RunProbe(config.probe_interval_s, nic)
             if not config.quiet:
                 from tqdm import tqdm
 

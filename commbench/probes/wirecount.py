@@ -5,7 +5,8 @@ Each rank reads its own host's interface counters (the interface toward the mast
 quieter one is the baseline (heartbeats, the launcher's store). Ranks that share a host (same
 hostname and network namespace) share the interface, so the host's counter is compared with the sum
 over its ranks: on one machine over loopback that is every rank's traffic, counted once; in the
-emulated cluster each host is one rank with its own interface.
+emulated cluster each host is one rank with its own interface. Ranks on several hosts, several to a
+host, are counted but not judged: what ranks of one host send each other never crosses the interface.
 
 The probe only watches: a host whose counters went backwards (a reset, a link flap) or counted more
 than its link can carry does not end the run. Each rank's reading travels in the all-gather, and the
@@ -162,23 +163,51 @@ def link_gbps(nic: str, loopback: bool) -> float | None:
     return stats.speed / 8e3 if stats is not None and stats.speed > 0 else None
 
 
+def _is_loopback(nic: str, address: str) -> bool:
+    return nic == "lo" or address.startswith("127.")
+
+
+def agreed_nic() -> str:
+    """The interface this rank counts, chosen knowing where the others are; every rank calls this
+    (one all-gather).
+
+    It is :func:`host.selected_nic`'s, except on a host that chose loopback while ranks turn out to
+    run on other hosts too: under torchrun, the master's host, whose ``$MASTER_ADDR`` is its own
+    address, which Linux delivers through loopback. Its traffic with the others leaves on the
+    interface toward them, and that one is counted. ``$COMMBENCH_NIC`` is kept as given.
+    """
+    nic = host.selected_nic()
+    if dist.get_world_size() == 1:
+        return nic
+    node, address = _node_id(), _address(nic)
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (node, address, _is_loopback(nic, address)))
+    if os.environ.get(host.NIC_ENV, "").strip() or not _is_loopback(nic, address):
+        return nic
+    peers = [a for other, a, looped in everyone if other != node and not looped and a != "?"]
+    return host.nic_for_address(peers[0]) if peers else nic
+
+
 class WireCounter:
     """Counts interface bytes around passes of a collective; one per sweep or training run."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, nic: str | None = None) -> None:
+        """``nic``: the interface :func:`agreed_nic` gave (found here where None)."""
         self.device = device if not p2p.moves_host_tensors(None) else torch.device("cpu")
-        self.nic = host.selected_nic()
+        self.nic = agreed_nic() if nic is None else nic
         self.mtu = psutil.net_if_stats()[self.nic].mtu
-        self.loopback = self.nic == "lo" or _address(self.nic).startswith("127.")
-        self.interconnect = "loopback" if self.loopback else "ethernet"
+        self.loopback = _is_loopback(self.nic, _address(self.nic))
         self.link_gbps = link_gbps(self.nic, self.loopback)
-        me = (_node_id(), self.nic, _address(self.nic))
+        me = (_node_id(), self.nic, _address(self.nic), self.mtu, self.loopback)
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, me)
+        # Every rank judges with the same framing: rank 0's interface's, not each its own.
+        self.mtu, loopback = everyone[0][3:]
+        self.interconnect = "loopback" if loopback else "ethernet"
         self.hosts: list[list[int]] = []
         self.info: list[tuple[str, str]] = []
         seen: dict[tuple[str, str], int] = {}
-        for r, (node, nic, address) in enumerate(everyone):
+        for r, (node, nic, address, *_) in enumerate(everyone):
             if (node, nic) not in seen:
                 seen[(node, nic)] = len(self.hosts)
                 self.hosts.append([])
@@ -310,6 +339,7 @@ class WireCounter:
             flag = "not judged: messages under 1 MiB, where per-message overhead dominates"
         elif computed == 0:
             flag = None if check.measured_bytes <= 0 else check.flag
+        flag = self._across_hosts() or flag
         if problems:  # a broken reading, whatever the size
             flag = "; ".join(problems)
         return WireCount(
@@ -320,6 +350,25 @@ class WireCounter:
             wire_expected_ratio=check.expected_ratio,
             wire_check=flag,
         )
+
+    def _across_hosts(self) -> str | None:
+        """Why counts from several hosts cannot be set against the cost model's bytes (None where
+        they can): its bytes are everything a rank sends, and an interface between hosts carries
+        neither what ranks of one host send each other nor anything at all if it is loopback."""
+        if len(self.hosts) < 2:
+            return None
+        looped = [f"{nic} ({address})" for nic, address in self.info if _is_loopback(nic, address)]
+        if looped:
+            return (
+                f"not judged: ranks run on {len(self.hosts)} hosts, and {', '.join(looped)} is loopback, "
+                f"which carries none of the traffic between them (name the interface in ${host.NIC_ENV})"
+            )
+        if any(len(ranks) > 1 for ranks in self.hosts):
+            return (
+                f"not judged: ranks run on {len(self.hosts)} hosts, several to a host, and what ranks of "
+                "one host send each other does not cross its interface"
+            )
+        return None
 
 
 class StepWindows:
