@@ -65,6 +65,9 @@ SUMMARY_KEYS = (
         (["train", "--seed", "-1"], "seed must be an integer in [0, 2**32)"),
         (["train", "--seed", str(1 << 70)], "seed must be an integer in [0, 2**32)"),
         (["compare", "--plot", "steps.txt"], "must end in one of"),
+        # Each rank failed on its own with exit 1 ("DefaultCPUAllocator: can't allocate memory").
+        (["compare", "--samples", "1000000000000"], "1000000000000 training samples are more than this host"),
+        (["train", "--samples", str(1 << 30), "--replicate", str(1 << 20)], "lower --samples or --replicate"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv: list[str], needle: str) -> None:
@@ -72,6 +75,16 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv: list[str], needle: str) 
     err = capsys.readouterr().err
     assert needle in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_index_memory_refusal_counts_every_rank_on_the_host() -> None:
+    from commbench.trainers.loop import INDEX_BYTES, index_memory_refusal
+
+    assert index_memory_refusal(1000, 4, 1000 * INDEX_BYTES * 4) is None
+    refusal = index_memory_refusal(1000, 4, 1000 * INDEX_BYTES * 4 - 1)
+    assert (
+        refusal is not None and "for 4 ranks here" in refusal and f"about {INDEX_BYTES} B a sample" in refusal
+    )
 
 
 def test_a_global_batch_is_split_over_the_ranks(tmp_path) -> None:

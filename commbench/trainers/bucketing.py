@@ -3,7 +3,8 @@
 Pure logic, no process group: tested on its own. Buckets follow DistributedDataParallel's
 rule: parameters in reverse registration order (roughly the order backward produces their
 gradients), a bucket closes once it reaches its cap, the first bucket has a smaller cap so the
-first allreduce starts early, and a parameter larger than the cap gets a bucket of its own.
+first allreduce starts early, and a parameter larger than the cap closes the bucket it joins
+(it shares that bucket with the smaller ones before it, as in DDP).
 """
 
 from __future__ import annotations

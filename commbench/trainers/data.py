@@ -343,14 +343,21 @@ def build_dataset(
     )
 
 
+def split_size(config: DatasetConfig) -> int:
+    """Samples in a synthetic split, before ``replicate``: ``num_samples``, else the default."""
+    if config.num_samples is not None:
+        return config.num_samples
+    if not config.train:
+        return SYNTHETIC_TEST_SAMPLES
+    return 60_000 if config.shape[0] == 1 else 50_000
+
+
 def dataset_from_config(config: DatasetConfig) -> Dataset:
     """Build the dataset a ``DatasetConfig`` describes."""
     dataset: Dataset
     if config.name == "synthetic":
-        shape = config.shape
-        default = (60_000 if shape[0] == 1 else 50_000) if config.train else SYNTHETIC_TEST_SAMPLES
         dataset = SyntheticImages(
-            shape, config.num_classes, config.num_samples or default, train=config.train, seed=config.seed
+            config.shape, config.num_classes, split_size(config), train=config.train, seed=config.seed
         )
     else:
         if config.data_dir is None:

@@ -585,6 +585,27 @@ def _dataset(config: TrainConfig, train: bool) -> Dataset:
     )
 
 
+# What a rank holds for each training sample, whatever the batch: its DistributedSampler lists
+# every index once an epoch (randperm's 8-byte tensor, then a Python list: 40 bytes an index,
+# measured), and a synthetic set keeps an 8-byte label.
+INDEX_BYTES = 56
+
+
+def index_memory_refusal(samples: int, ranks: int, memory_bytes: int) -> str | None:
+    """Why ``ranks`` ranks on one host cannot index ``samples`` training samples in
+    ``memory_bytes``, or None where they can (a trillion samples failed inside every rank)."""
+    from commbench.units import amount, rank_count
+
+    need = samples * INDEX_BYTES * ranks
+    if need <= memory_bytes:
+        return None
+    return (
+        f"{samples} training samples are more than this host can index: each rank lists every sample "
+        f"each epoch, about {INDEX_BYTES} B a sample, {amount(need)} for {rank_count(ranks)} here, "
+        f"where the host has {amount(memory_bytes)} of memory (lower --samples or --replicate)"
+    )
+
+
 def _loaders(
     config: TrainConfig, train: Dataset, batch_size: int, world: int, rank: int
 ) -> tuple[DataLoader, DataLoader | None, DistributedSampler]:

@@ -134,7 +134,8 @@ class ResNet18CifarOptions(_Options):
 
 @dataclass(frozen=True, kw_only=True)
 class MlpOptions(_Options):
-    """Fully connected network; ``widths`` are the hidden layer widths (empty: logistic regression)."""
+    """Fully connected network; ``widths`` are the hidden layer widths, at least one on the command
+    line (an empty tuple, from Python alone, makes it logistic regression)."""
 
     widths: tuple[int, ...] = (512, 512)
 
