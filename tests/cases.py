@@ -295,6 +295,7 @@ def _validation(case: dict[str, Any]) -> dict[str, str]:
         "sparse": lambda: comm.all_reduce(torch.ones(4).to_sparse(), algorithm="ring"),
         "op a list": lambda: comm.all_reduce(torch.ones(4), op=["sum"]),
         "segment on naive": lambda: comm.all_reduce(torch.ones(4), algorithm="naive", segment_bytes=1024),
+        "segment on a typo": lambda: comm.all_reduce(torch.ones(4), algorithm="rign", segment_bytes=64),
         "segment of 0": lambda: comm.broadcast(torch.ones(4), 0, algorithm="ring", segment_bytes=0),
         "segment a float": lambda: comm.all_gather(torch.empty(4 * world), torch.ones(4), segment_bytes=8.0),
     }
@@ -341,6 +342,45 @@ def _autograd(case: dict[str, Any]) -> dict[str, bool]:
         comm.broadcast(tensor, torch.tensor(world - 1), algorithm)
         out[f"broadcast {algorithm}"] = bool(torch.all(tensor == world - 1))
     return out
+
+
+def _inference(case: dict[str, Any]) -> list[str]:
+    """Every algorithm of every collective on tensors made under ``torch.inference_mode`` and passed
+    outside it (the backend's own takes them), then with a Workspace first used inside it. The
+    hand-written ones wrote into them and failed on some ranks only, whose peers waited."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = world * (world + 1) // 2
+    failures = []
+
+    def run(collective: str, algorithm: str, workspace: comm.Workspace | None, inference: bool) -> bool:
+        with torch.inference_mode(inference):
+            mine = torch.full((12 * world,), float(rank + 1))
+            out = torch.zeros(12 * world if collective == "all_gather" else 12)
+        if collective == "all_reduce":
+            comm.all_reduce(mine, "sum", algorithm, workspace=workspace)
+            return bool(torch.all(mine == total))
+        if collective == "reduce_scatter":
+            comm.reduce_scatter(out, mine, "sum", algorithm, workspace=workspace)
+            return bool(torch.all(out == total))
+        if collective == "all_gather":
+            comm.all_gather(out, mine[:12], algorithm, workspace=workspace)
+            return bool(torch.equal(out, torch.arange(1, world + 1).repeat_interleave(12).float()))
+        if collective == "broadcast":
+            comm.broadcast(mine, world - 1, algorithm, workspace=workspace)
+            return bool(torch.all(mine == world))
+        comm.reduce(mine, 0, "sum", algorithm, workspace=workspace)
+        return rank != 0 or bool(torch.all(mine == total))
+
+    for collective, algorithms in comm.ALGORITHMS.items():
+        for algorithm in algorithms:
+            if not run(collective, algorithm, None, inference=True):
+                failures.append(f"{collective} {algorithm}: inference tensors")
+            workspace = comm.Workspace()
+            with torch.inference_mode():
+                first = run(collective, algorithm, workspace, inference=False)
+            if not (first and run(collective, algorithm, workspace, inference=False)):
+                failures.append(f"{collective} {algorithm}: a workspace first used in inference mode")
+    return failures
 
 
 def _in_place_reduce_scatter(case: dict[str, Any]) -> list[str]:
@@ -725,6 +765,7 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "grid": _grid,
         "segmented": _segmented,
         "autograd": _autograd,
+        "inference": _inference,
         "bytes": _bytes,
         "mismatch": _mismatch,
         "validation": _validation,

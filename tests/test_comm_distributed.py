@@ -142,6 +142,11 @@ def test_tensors_that_require_grad_and_tensor_roots_are_taken(worlds, world_size
     assert all(all(r.values()) for r in results), results
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_tensors_made_in_inference_mode_are_taken(worlds, world_size):
+    assert worlds(world_size).run(("inference", {})) == [[]] * world_size
+
+
 @pytest.mark.parametrize("world_size", [2, 3, 4, 5])
 @pytest.mark.parametrize("collective", sorted(ALGORITHMS))
 def test_bytes_on_the_wire_match_the_cost_model(worlds, world_size, collective):
@@ -286,6 +291,7 @@ def test_bad_arguments_raise_clear_errors(worlds):
         "sparse": "ValueError: tensor must be a dense tensor, got torch.sparse_coo (call .to_dense() first)",
         "op a list": "ValueError: unknown op ['sum']; choose from sum",
         "segment on naive": "segment_bytes applies to ring (or auto where it picks one), not 'naive'",
+        "segment on a typo": "unknown algorithm 'rign' for all_reduce; choose from",
         "segment of 0": "segment_bytes must be a positive integer, got 0",
         "segment a float": "segment_bytes must be a positive integer, got 8.0",
     }

@@ -311,6 +311,7 @@ def _prepared(
     try:
         tensor, size_bytes, op, root = validate()
         _check_device(tensor, group)
+        check_algorithm(collective, algorithm)  # a mistyped name is said as such, not as a segment misuse
         segment_bytes = _check_segment_bytes(segment_bytes, algorithm)
         if workspace is not None and not isinstance(workspace, Workspace):  # it failed mid-algorithm
             raise TypeError(
@@ -345,7 +346,9 @@ def _prepared(
     def run(*args, **kwargs) -> None:
         if segment_bytes is not None and resolved in SEGMENTED:
             kwargs["segment_bytes"] = segment_bytes
-        with torch.no_grad():
+        # Inference mode, not no_grad: it writes into tensors made in inference mode (as the backend's
+        # own collective does), and a Workspace's scratch made here is written in here alone.
+        with torch.inference_mode():
             if staged:
                 _on_host(collective, impl, args, kwargs)
             else:
