@@ -297,6 +297,23 @@ def test_cuda_without_cuda_is_refused_before_the_build(monkeypatch, capsys):
     )
 
 
+def test_a_training_set_the_hosts_cannot_index_together_is_refused_before_the_build(monkeypatch, capsys):
+    """Every host's rank lives in this machine's memory; each host, one rank under its torchrun,
+    checked for itself alone, after the build."""
+    import psutil
+
+    from commbench.trainers.loop import INDEX_BYTES
+
+    memory = psutil.virtual_memory().total
+    samples = memory // INDEX_BYTES // 2  # one rank could index them; four cannot
+    monkeypatch.setattr(netns, "check_privileges", lambda: pytest.fail("built a cluster from bad input"))
+    argv = ["cluster", "--hosts", "4", "--", "train", "--strategy", "ring", "--samples", str(samples)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"commbench: error: {samples} training samples are more than this host can index")
+    assert "for 4 ranks here" in err and err.count("\n") == 1
+
+
 @pytest.mark.parametrize("when", ["before the hosts run", "as the record is written"])
 def test_a_stop_signal_outside_the_hosts_run_unwinds_and_keeps_the_record(
     tmp_path, monkeypatch, capsys, when

@@ -248,7 +248,7 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
 def check_inner(inner: argparse.Namespace, hosts: int) -> None:
     """What each host's rank would refuse only after the cluster was built (ValueError, exit 2):
     a --world-size however abbreviated, the launch settings, the outputs, and the command's own
-    checks (a sweep's sizes, root and memory; a training run's batch against the ranks)."""
+    checks (a sweep's sizes, root and memory; a training run's batch against the ranks, its data)."""
     from commbench.bench import cli, launch
 
     cli.check_environment()
@@ -262,7 +262,9 @@ def check_inner(inner: argparse.Namespace, hosts: int) -> None:
     if inner.command in ("train", "compare"):
         from commbench.bench import train
 
-        train.check_launch(train.train_config(inner), hosts, inner.device)
+        config = train.train_config(inner)
+        train.check_launch(config, hosts, inner.device)
+        train.check_data(config, ranks_here=hosts)  # every host's rank lives in this machine's memory
     if inner.command == "sweep":  # every host's rank lives in this machine's memory
         cli.check_sweep(cli.sweep_config(inner), spec, local=hosts)
 

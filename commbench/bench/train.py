@@ -334,11 +334,25 @@ def check_launch(config: Any, world_size: int, device: str) -> None:
 def cmd_train(config: Any, spec: Any, command: str | None = None, name: str = "train") -> int:
     from commbench.bench import launch
     from commbench.bench.records import check_outputs
-    from commbench.trainers.data import DatasetConfig, build_dataset, split_size
+    from commbench.bench.starter import launched_externally
 
     check_launch(config, spec.world_size, spec.device)
     check_outputs(json=config.json_path, plot=config.plot_path, writes=launch.writes_outputs())
-    if config.dataset != "synthetic":  # a missing or malformed file is reported once, before launching
+    check_data(config, launch.local_ranks() if launched_externally() else spec.world_size)
+    launch.run(_train_rank, (config, spec.device, command, name), spec)
+    return 0
+
+
+def check_data(config: Any, ranks_here: int) -> None:
+    """What every rank would refuse on its own, said once before any starts (ValueError): a real
+    dataset's missing or malformed files, and a training set that ``ranks_here`` ranks on this
+    machine could not index (see :func:`~commbench.trainers.loop.index_memory_refusal`)."""
+    import psutil
+
+    from commbench.trainers.data import DatasetConfig, build_dataset, split_size
+    from commbench.trainers.loop import index_memory_refusal
+
+    if config.dataset != "synthetic":
         # as the ranks build them: the training set at its --samples, and the held-out set they evaluate on
         samples = len(
             build_dataset(config.dataset, train=True, data_dir=config.data_dir, num_samples=config.samples)
@@ -350,22 +364,7 @@ def cmd_train(config: Any, spec: Any, command: str | None = None, name: str = "t
         samples = split_size(
             DatasetConfig(name="synthetic", train=True, input_shape=shape, num_samples=config.samples)
         )
-    check_index_memory(samples * config.replicate, spec.world_size)
-    launch.run(_train_rank, (config, spec.device, command, name), spec)
-    return 0
-
-
-def check_index_memory(samples: int, world_size: int) -> None:
-    """ValueError where this host's ranks could not index ``samples`` training samples (see
-    :func:`~commbench.trainers.loop.index_memory_refusal`): once here, not in every rank."""
-    import psutil
-
-    from commbench.bench import launch
-    from commbench.bench.starter import launched_externally
-    from commbench.trainers.loop import index_memory_refusal
-
-    ranks = launch.local_ranks() if launched_externally() else world_size
-    refusal = index_memory_refusal(samples, ranks, psutil.virtual_memory().total)
+    refusal = index_memory_refusal(samples * config.replicate, ranks_here, psutil.virtual_memory().total)
     if refusal is not None:
         raise ValueError(refusal)
 
