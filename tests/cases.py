@@ -758,6 +758,26 @@ def _wire_faults(case: dict[str, Any]) -> str | None:
         host.read_nic, wirecount.CHECKED_PASS_S = real, checked_pass_s
 
 
+def _bad_nic_on_one_host(case: dict[str, Any]) -> str:
+    """``agreed_nic`` with a ``$COMMBENCH_NIC`` that names no interface on rank 1 alone: what each
+    rank raised (it was rank 1's error, while rank 0 waited in the all-gather)."""
+    from commbench.probes import host, wirecount
+
+    saved = os.environ.get(host.NIC_ENV)
+    if dist.get_rank() == 1:
+        os.environ[host.NIC_ENV] = "eth-not-here"
+    try:
+        wirecount.agreed_nic()
+        return "no error"
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        if saved is None:
+            os.environ.pop(host.NIC_ENV, None)
+        else:
+            os.environ[host.NIC_ENV] = saved
+
+
 def run_case(case: tuple[str, dict[str, Any]]) -> Any:
     kind, body = case
     return {
@@ -766,6 +786,7 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "segmented": _segmented,
         "autograd": _autograd,
         "inference": _inference,
+        "bad_nic_on_one_host": _bad_nic_on_one_host,
         "bytes": _bytes,
         "mismatch": _mismatch,
         "validation": _validation,

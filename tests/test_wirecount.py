@@ -177,9 +177,15 @@ def test_the_masters_host_counts_the_interface_toward_the_other_hosts(monkeypatc
     monkeypatch.setattr(wirecount, "_address", lambda nic: "127.0.0.1" if nic == "lo" else "192.0.2.2")
     routes = []
     monkeypatch.setattr(host, "nic_for_address", lambda a: routes.append(a) or "eth0")
-    _Gathered(monkeypatch, 0, [None, (node1, "192.0.2.3", False)])
+    _Gathered(monkeypatch, 0, [None, (node1, "192.0.2.3", False, None)])
     assert wirecount.agreed_nic() == want
     assert routes == (["192.0.2.3"] if want == "eth0" else [])
+
+
+def test_an_interface_one_host_lacks_is_every_ranks_error(worlds) -> None:
+    results = worlds(2).run(("bad_nic_on_one_host", {}))
+    assert results[0] == results[1], results
+    assert results[0].startswith("COMMBENCH_NIC='eth-not-here' is not an interface here; known:"), results
 
 
 def test_every_rank_judges_with_rank_0s_framing(monkeypatch) -> None:

@@ -1,12 +1,13 @@
 """Measured wire bytes per host, beside the cost model's: counted around a sweep point or training steps.
 
-Each rank reads its own host's interface counters (the interface toward the master, or
-``$COMMBENCH_NIC``) around a pass of work, then around two idle intervals of the same length; the
-quieter one is the baseline (heartbeats, the launcher's store). Ranks that share a host (same
-hostname and network namespace) share the interface, so the host's counter is compared with the sum
-over its ranks: on one machine over loopback that is every rank's traffic, counted once; in the
-emulated cluster each host is one rank with its own interface. Ranks on several hosts, several to a
-host, are counted but not judged: what ranks of one host send each other never crosses the interface.
+Each rank reads its own host's interface counters (the interface toward the master, or toward the
+other hosts on the master's own; or ``$COMMBENCH_NIC``) around a pass of work, then around two idle
+intervals of the same length; the quieter one is the baseline (heartbeats, the launcher's store).
+Ranks that share a host (same hostname and network namespace) share the interface, so the host's
+counter is compared with the sum over its ranks: on one machine over loopback that is every rank's
+traffic, counted once; in the emulated cluster each host is one rank with its own interface. Where
+ranks run on several hosts, a host with more than one rank, or one counting loopback, leaves the
+counts recorded but not judged: what ranks of one host send each other never crosses the interface.
 
 The probe only watches: a host whose counters went backwards (a reset, a link flap) or counted more
 than its link can carry does not end the run. Each rank's reading travels in the all-gather, and the
@@ -175,16 +176,30 @@ def agreed_nic() -> str:
     run on other hosts too: under torchrun, the master's host, whose ``$MASTER_ADDR`` is its own
     address, which Linux delivers through loopback. Its traffic with the others leaves on the
     interface toward them, and that one is counted. ``$COMMBENCH_NIC`` is kept as given.
+
+    A ``$COMMBENCH_NIC`` that names no interface of one host is every rank's ValueError, said after
+    the all-gather: raised before it, on that host alone, it left the others waiting in it.
     """
-    nic = host.selected_nic()
+    try:
+        nic, problem = host.selected_nic(), None
+    except ValueError as exc:
+        nic, problem = "?", str(exc)
     if dist.get_world_size() == 1:
+        if problem is not None:
+            raise ValueError(problem)
         return nic
     node, address = _node_id(), _address(nic)
+    looped = problem is None and _is_loopback(nic, address)
     everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (node, address, _is_loopback(nic, address)))
-    if os.environ.get(host.NIC_ENV, "").strip() or not _is_loopback(nic, address):
+    dist.all_gather_object(everyone, (node, address, looped, problem))
+    failed = [(other, said) for other, _, _, said in everyone if said is not None]
+    if failed:
+        other, said = failed[0]
+        several = len({n for n, *_ in everyone}) > 1
+        raise ValueError(f"on host {other.split(':')[0]}: {said}" if several else said)
+    if os.environ.get(host.NIC_ENV, "").strip() or not looped:
         return nic
-    peers = [a for other, a, looped in everyone if other != node and not looped and a != "?"]
+    peers = [a for other, a, peer_looped, _ in everyone if other != node and not peer_looped and a != "?"]
     return host.nic_for_address(peers[0]) if peers else nic
 
 
