@@ -124,6 +124,46 @@ def test_builtin_is_priced_as_the_records_backend_runs_it():
     assert unsaid.critical_bytes == 3 << 20
 
 
+def test_points_that_cannot_tell_alpha_from_beta_are_refused():
+    """From 64 MiB at 4 ranks the ring's steps and the limit's each carry one 16 MiB segment: any
+    split of the time fitted as well, and one was printed as measured (alpha 134 ms, 1/beta inf)."""
+    records = []
+    for size in (64 << 20, 128 << 20, 256 << 20):
+        ring = cost("all_reduce", "ring", 4, size // 4, 4)
+        records.append(_record("ring", 4, size, ring.time_s(ALPHA, BETA)))
+        records.append(_record("p2p", 4, size, (size >> 24) * ALPHA + size * BETA, collective="sendrecv"))
+    pts = alphabeta.points(records)
+    assert {p.critical_bytes / p.steps for p in pts} == {16 << 20}
+    with pytest.raises(ValueError, match="cannot be told apart: every point moves 16777216 B a step"):
+        alphabeta.fit(pts)
+    smaller = alphabeta.points(
+        [*records, _record("ring", 4, 4 << 20, cost("all_reduce", "ring", 4, 1 << 20, 4).time_s(ALPHA, BETA))]
+    )
+    model = alphabeta.fit(smaller)  # a size below the segment separates them
+    assert model.alpha_s == pytest.approx(ALPHA) and model.beta_s_per_byte == pytest.approx(BETA)
+    bytes_only = [
+        Point(collective="x", algorithm="a", size_bytes=s, steps=0, critical_bytes=s, time_s=s * BETA)
+        for s in (1 << 20, 1 << 22)
+    ]
+    assert alphabeta.fit(bytes_only).beta_s_per_byte == pytest.approx(BETA)  # no steps: beta alone
+
+
+def test_the_cluster_report_says_why_no_fit_was_made():
+    """It left the fit out without a word."""
+    from commbench.bench.cluster import ClusterConfig, Shaping, report
+
+    records = [_record("p2p", 4, size, size * BETA, collective="sendrecv") for size in (64 << 20, 128 << 20)]
+    config = ClusterConfig(hosts=4, shaping=Shaping(rate_bit=10**9), inner=("sweep",))
+    text = report(config, [], records)
+    assert "# alpha-beta fit not made: alpha and beta cannot be told apart" in text
+
+
+def test_points_skip_records_without_a_finite_time():
+    good = _record("ring", 4, 1 << 20, 0.01)
+    odd = [{**good, "time_us": t} for t in (float("nan"), float("inf"), None, "12", -1.0)]
+    assert len(alphabeta.points([good, *odd])) == 1
+
+
 def test_bad_input_raises_value_error():
     with pytest.raises(ValueError, match="at least 2 points"):
         alphabeta.fit(alphabeta.points(_synthetic())[:1])

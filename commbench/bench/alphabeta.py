@@ -82,7 +82,9 @@ def points(records: Iterable[dict[str, Any]]) -> list[Point]:
     it (the ring algorithms' segment unless the series names its own: "p2p@64K")."""
     out = []
     for r in records:
-        if r.get("type") != "sweep" or not r.get("count") or r.get("time_us", 0) <= 0:
+        time_us = r.get("time_us")
+        timed = isinstance(time_us, int | float) and math.isfinite(time_us) and time_us > 0
+        if r.get("type") != "sweep" or not r.get("count") or not timed:
             continue
         try:
             _, segment = series_parts(r["algorithm"])  # "ring@64K": priced with its segments
@@ -143,13 +145,22 @@ def fit(pts: Sequence[Point]) -> AlphaBeta:
     """Fit alpha and beta (both >= 0) minimising the squared relative error of predicted times.
 
     Raises:
-        ValueError: fewer than two points, or nothing to fit (no steps and no bytes).
+        ValueError: fewer than two points, nothing to fit (no steps and no bytes), or points that
+            cannot tell alpha from beta (each moves the same bytes a step: ring and limit from
+            64 MiB at 4 ranks, in 16 MiB segments), where any split of the time fits as well.
     """
     if len(pts) < 2:
         raise ValueError(f"an alpha-beta fit needs at least 2 points, got {len(pts)}")
     # Divide each equation by the measured time: residuals become relative errors.
     rows = [(p.steps / p.time_s, p.critical_bytes / p.time_s, 1.0) for p in pts]
     solved = _solve(rows)
+    if solved is None and all(any(row[i] for row in rows) for i in (0, 1)):
+        stepped = next(p for p in pts if p.steps)
+        per_step = stepped.critical_bytes / stepped.steps
+        raise ValueError(
+            f"alpha and beta cannot be told apart: every point moves {per_step:.0f} B a step "
+            "(add sizes below the segment, or an algorithm whose steps carry other amounts)"
+        )
     if solved is not None and solved[0] >= 0 and solved[1] >= 0:
         alpha, beta = solved
     else:  # the best non-negative fit lies on an axis: try each one alone, keep the better

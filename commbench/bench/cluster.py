@@ -660,8 +660,8 @@ def report(config: ClusterConfig, hosts: Sequence[HostTraffic], records: Sequenc
     if len(pts) >= 2:
         try:
             model = alphabeta.fit(pts)
-        except ValueError:
-            model = None
-        if model is not None:
+        except ValueError as exc:
+            parts.append(f"# alpha-beta fit not made: {exc}")
+        else:
             parts.append(alphabeta.table(model, alphabeta.compare(pts, model)))
     return "\n".join(parts)

@@ -225,6 +225,8 @@ def cost(
         elif priced == "naive":
             sent = [(n - 1) * size] + [size] * (n - 1)  # the result to each peer; each peer's input
             recv = [size * (n - 1)] + [sent[0] // (n - 1)] * (n - 1)  # the peers' inputs; a result
+            # Each of the root's messages a step: an upper bound, as they are posted together
+            # (tuning's rows, measured, pick naive where this count would not).
             steps, critical = 2 * (n - 1), 2 * (n - 1) * size
         elif priced == "rd":
             sent, recv, steps, critical = _rd_all_reduce(size, n)
