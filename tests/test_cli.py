@@ -1294,6 +1294,20 @@ def test_a_last_line_cut_short_leaves_the_records_before_it_readable(command, tm
     assert "not JSON Lines" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["summary", "report"])
+@pytest.mark.parametrize("where", ["last", "before the last"])
+def test_a_value_nested_too_deeply_to_parse_is_one_line_and_exit_2(command, where, tmp_path, capsys):
+    """Python's parser raised RecursionError on it: a traceback, exit 1."""
+    whole = _send_recv_lines({1024: 0.5})
+    deep = "[" * 100_000 + "]" * 100_000
+    path = tmp_path / "deep.jsonl"
+    path.write_text(whole + deep + "\n" if where == "last" else deep + "\n" + whole)
+    extra = ["-o", str(tmp_path / "out")] if command == "report" else []
+    assert main([command, *extra, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nested too deeply to read" in err and "Traceback" not in err
+
+
 def test_a_local_world_too_big_to_start_is_refused_before_the_sweep_is_sized(monkeypatch, capsys):
     """The sweep's memory check made lists of one entry per rank first: 11 GB in 20 s for 10**11."""
     from commbench.bench import cli, starter

@@ -152,3 +152,28 @@ def test_headings_count_one_rank_as_one_rank():
     assert [rank_count(n) for n in (1, 2, "?")] == ["1 rank", "2 ranks", "? ranks"]
     what = ("all_reduce", 1, "nccl", "float32", 1, "sum", "cuda", 0)
     assert cli._describe(what) == "all_reduce, 1 rank, nccl on cuda, float32, sum"
+
+
+def test_a_name_that_is_not_utf8_is_written_escaped_and_a_failed_write_keeps_the_last_report(
+    tmp_path, monkeypatch
+):
+    """A file name with a byte that is not UTF-8 failed the write after report.md was emptied."""
+    import os
+
+    from commbench.bench import reporting
+
+    path = tmp_path / os.fsdecode(b"run\xff.jsonl")
+    header = {"type": "header", "command": f"commbench sweep --json {path}"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [header, *BESIDE]))
+    out = tmp_path / "out"
+    assert main(["report", "-o", str(out), str(path)]) == 0
+    md = (out / "report.md").read_text()
+    assert "run\\udcff.jsonl" in md
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(reporting.os, "replace", full_disk)
+    assert main(["report", "-o", str(out), str(path)]) == 1  # the file system refused: exit 1, one line
+    assert (out / "report.md").read_text() == md  # the last report stands
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no scratch left

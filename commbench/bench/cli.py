@@ -568,7 +568,7 @@ def _kept(path: str | None, before: tuple[int, int, int] | None = None, *, csv: 
     run began: a file this run never wrote holds an earlier run's points, not its own."""
     if not path:
         return ""
-    from commbench.bench.records import is_stream, shown
+    from commbench.bench.records import is_stream, loads, shown
 
     if is_stream(path):  # a pipe or a terminal (/dev/stdout, >(jq .)): no stamp, nothing to read back
         return f"; each point went to {shown(path)} as it finished"
@@ -577,7 +577,6 @@ def _kept(path: str | None, before: tuple[int, int, int] | None = None, *, csv: 
         return f"; nothing had finished, {shown(path)} was not written"
     if before is not None and now == before:
         return f"; nothing had finished, {shown(path)} is as it was before this run"
-    import json
 
     try:
         text = Path(path).read_text(errors="replace")
@@ -589,7 +588,7 @@ def _kept(path: str | None, before: tuple[int, int, int] | None = None, *, csv: 
         points = 0
         for line in text.splitlines():  # a line cut short by the stop does not hide the ones before
             try:
-                points += json.loads(line).get("type") not in ("header", "probe")
+                points += loads(line).get("type") not in ("header", "probe")
             except (ValueError, AttributeError):
                 pass
     if points:

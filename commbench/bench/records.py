@@ -301,12 +301,21 @@ def append_record(path: str | Path, row: dict[str, Any]) -> None:
         if text and not text.endswith(b"\n"):
             start = text.rfind(b"\n") + 1
             try:
-                json.loads(text[start:])
+                loads(text[start:])
             except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
                 f.truncate(start)
             else:
                 f.write(b"\n")  # a whole record without its newline: kept
         f.write((json.dumps(row) + "\n").encode())
+
+
+def loads(text: str | bytes) -> Any:
+    """``json.loads``, where a value nested too deeply for Python's parser is a JSONDecodeError
+    like any other damage (it raised RecursionError: a traceback)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply to read", str(text[:0]), 0) from None
 
 
 def first_line(exc: BaseException) -> str:
@@ -337,7 +346,7 @@ def complete_lines(text: str, path: str | Path) -> tuple[list[str], str | None]:
     lines = text.splitlines()
     if lines and lines[-1].strip() and not text.endswith("\n"):
         try:
-            json.loads(lines[-1])
+            loads(lines[-1])
         except json.JSONDecodeError:
             lines.pop()
             kept = sum(1 for line in lines if line.strip())
@@ -358,7 +367,7 @@ def numbered_records(path: str | Path) -> tuple[list[tuple[int, Any]], str | Non
         if not line.strip():
             continue
         try:
-            records.append((number, json.loads(line)))
+            records.append((number, loads(line)))
         except json.JSONDecodeError as exc:  # numbered within its line: renumber in the file
             doc = "\n" * (number - 1) + line
             raise json.JSONDecodeError(exc.msg, doc, exc.pos + number - 1) from None

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import html
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from commbench.bench.records import (
     complete_lines,
     exposed_comm_ms,
     first_line,
+    loads,
     output_path,
 )
 from commbench.bench.signals import Interrupted
@@ -145,9 +147,21 @@ def write_report(blocks: Sequence[Block], out_dir: str | Path, title: str) -> tu
     """Write report.md and report.html into ``out_dir``; returns both paths."""
     out = Path(out_dir)
     md, page = out / "report.md", out / "report.html"
-    md.write_text(render_markdown(blocks))
-    page.write_text(render_html(blocks, title))
+    _replace_text(md, render_markdown(blocks))
+    _replace_text(page, render_html(blocks, title))
     return md, page
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Write ``path`` whole through a file beside it, so that a failed write leaves the last report
+    as it was; a name that is not UTF-8 (a run's file, a command line) is written escaped. Such a
+    name failed the write after it had emptied the earlier report.md."""
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        scratch.write_text(text, encoding="utf-8", errors="backslashreplace")
+        os.replace(scratch, path)
+    finally:
+        scratch.unlink(missing_ok=True)
 
 
 # ---- runs -----------------------------------------------------------------------------------
@@ -182,7 +196,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         if not line.strip():
             continue
         try:
-            r = json.loads(line)
+            r = loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{p} is not JSON Lines: {exc.msg} at line {n}") from None
         if not isinstance(r, dict):

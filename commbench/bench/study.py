@@ -34,7 +34,7 @@ from typing import Any, TextIO
 from commbench.bench import reporting as rp
 from commbench.bench import signals
 from commbench.bench.cluster import NOT_BUILT
-from commbench.bench.records import exposed_comm_ms, file_stamp, output_path
+from commbench.bench.records import exposed_comm_ms, file_stamp, loads, output_path
 
 SCALES = ("tiny", "default", "full")
 COMMANDS = ("sweep", "train", "compare")
@@ -697,7 +697,7 @@ def _finished(out: Path, planned: Sequence[Planned]) -> dict[int, Outcome]:
     done: dict[int, Outcome] = {}
     for line in lines:
         try:
-            entry = json.loads(line)
+            entry = loads(line)
             p = by_index[entry["index"]]
             if entry["planned"] != _shown(p.argv, out) or entry["returncode"] != 0:
                 continue
