@@ -1087,14 +1087,30 @@ def test_a_plot_through_a_link_to_a_descriptor_is_refused_in_the_words_given(tmp
         records.note_given_descriptors()  # the link's name is not kept for later tests
 
 
-def test_a_named_pipe_is_checked_without_opening_it(tmp_path):
+def test_a_named_pipe_is_checked_without_ending_its_readers_input(tmp_path, monkeypatch):
     """Opened to write, a named pipe with no reader held the check for ever; with one, closing it
-    gave the reader an end of file before the run had written anything."""
+    gave the reader an end of file before the run had written anything. Now the check waits a
+    while for a reader, then refuses; one that has a reader keeps it open until the process ends
+    (no reader: rank 0 waited in its open, the others timed out in their first collective)."""
+    from commbench.bench import records
+
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    code = f"from commbench.bench.records import check_writable; check_writable({str(fifo)!r}); print('ok')"
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
-    assert done.stdout == "ok\n", done.stderr
+    monkeypatch.setattr(records, "FIFO_READER_WAIT_S", 0.2)
+    with pytest.raises(ValueError, match="a named pipe that nothing opened to read in 0.2 s"):
+        records.check_writable(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    held = list(records._HELD_FIFOS)
+    try:
+        records.check_writable(fifo)
+        with pytest.raises(BlockingIOError):  # no data yet, and no end of file: a writer is held
+            os.read(reader, 1)
+    finally:
+        for fd in set(records._HELD_FIFOS) - set(held):
+            records._HELD_FIFOS.remove(fd)
+            os.close(fd)
+        assert os.read(reader, 1) == b""  # the end of file once the check's end is closed
+        os.close(reader)
 
 
 def test_the_interrupted_message_of_records_sent_to_a_pipe_claims_no_file():

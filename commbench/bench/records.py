@@ -10,13 +10,15 @@ import errno
 import json
 import os
 import re
+import signal
 import stat
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from commbench.bench.signals import Interrupted
+from commbench.bench.signals import STOPS, Interrupted, noted
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -69,6 +71,33 @@ def say(text: str, end: str = "\n") -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+# How long a named pipe given as an output may wait for its reader before the run is refused.
+FIFO_READER_WAIT_S = 10.0
+_HELD_FIFOS: list[int] = []  # write ends of named pipes, open until this process ends
+
+
+def _hold_fifo(p: Path) -> None:
+    """Open the named pipe ``p`` to write, once something reads it (``FIFO_READER_WAIT_S`` at most,
+    then ValueError), and keep it open until this process ends: closed now, it would give the
+    reader an end of file before the run wrote. With no reader, rank 0 waited in its open for ever
+    and the others timed out in their first collective ("rank 1 failed: ... Timed out")."""
+    waited = 0.0
+    while True:
+        try:
+            _HELD_FIFOS.append(os.open(p, os.O_WRONLY | os.O_NONBLOCK))
+            return
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: nothing has it open to read
+                raise
+        if waited >= FIFO_READER_WAIT_S:
+            raise ValueError(
+                f"cannot write {shown(p)}: a named pipe that nothing opened to read in "
+                f"{FIFO_READER_WAIT_S:g} s (start its reader first)"
+            )
+        time.sleep(0.05)
+        waited += 0.05
+
+
 def check_writable(path: str | Path) -> None:
     """Raise ValueError unless ``path`` can be created or overwritten."""
     p = Path(path)
@@ -86,9 +115,8 @@ def check_writable(path: str | Path) -> None:
         try:
             fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except FileExistsError:
-            if p.is_fifo():  # opened to write, it waited for a reader, or gave
-                if not os.access(p, os.W_OK):  # its reader an end of file before the run wrote
-                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES)) from None
+            if p.is_fifo():
+                _hold_fifo(p)
                 return
             try:
                 os.close(os.open(p, os.O_WRONLY | os.O_APPEND))  # there already: can it be written?
@@ -211,7 +239,10 @@ PLOT_FORMATS_REFUSED = ("pgf",)
 
 def _check_plot_format(path: str | Path) -> None:
     """Raise ValueError unless ``path`` is a file name matplotlib can save a plot as."""
-    from matplotlib.backend_bases import FigureCanvasBase
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError as exc:  # a broken install: one line, not the import's traceback
+        raise ValueError(f"cannot plot to {shown(path)}: matplotlib does not import ({exc})") from None
 
     if names_descriptor(str(path)):  # matplotlib reads the format, and the companion plots' names, off it
         raise ValueError(f"cannot plot to {shown(path)}: it names a descriptor, not a file; give a file name")
@@ -255,7 +286,14 @@ class RecordWriter:
             self._json.flush()
 
     def write(self, record: Any) -> None:
-        """A typed record goes to JSON and CSV; a plain dict (the probe timeline) to JSON only."""
+        """A typed record goes to JSON and CSV; a plain dict (the probe timeline) to JSON only. A
+        stop signal waits for both: between the two, it left a point in the JSON file alone."""
+        with noted(STOPS) as held:
+            self._write(record)
+        if held:
+            signal.raise_signal(held[0])
+
+    def _write(self, record: Any) -> None:
         row = record if isinstance(record, dict) else dataclasses.asdict(record)
         if self._json:
             self._json.write(json.dumps(row) + "\n")

@@ -24,6 +24,7 @@ from commbench.bench.records import (
     first_line,
     loads,
     output_path,
+    shown,
 )
 from commbench.bench.signals import Interrupted
 from commbench.units import rank_count
@@ -1000,7 +1001,7 @@ class ReportConfig:
             raise ValueError("no results files given")
         out = Path(self.out_dir)
         if out.exists() and not out.is_dir():
-            raise ValueError(f"cannot write the report into {out}: it is not a directory")
+            raise ValueError(f"cannot write the report into {shown(out)}: it is not a directory")
 
 
 def report_blocks(
