@@ -390,3 +390,40 @@ def test_a_plot_without_an_importable_matplotlib_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.backend_bases", None)  # import fails
     with pytest.raises(ValueError, match=r"cannot plot to p.png: matplotlib does not import"):
         records.check_outputs(plot="p.png")
+
+
+def test_a_write_to_a_pipe_is_not_held_from_a_stop(tmp_path):
+    """Held, a stop could not end a write blocked on a pipe whose reader had stalled (only SIGKILL
+    did): where an output is a pipe, the stop acts at once, as it did."""
+    import dataclasses
+    import signal
+
+    from commbench.bench.records import RecordWriter
+
+    @dataclasses.dataclass
+    class Point:
+        size_bytes: int = 4
+
+    r, w = os.pipe()
+    writer = RecordWriter(f"/proc/{os.getpid()}/fd/{w}", str(tmp_path / "r.csv"))
+    flush = writer._json.flush
+
+    def flush_then_stop() -> None:
+        flush()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        writer._json.flush = flush_then_stop
+        with pytest.raises(SystemExit):
+            writer.write(Point())
+    finally:
+        del writer._json.flush
+        signal.signal(signal.SIGTERM, before)
+        writer.close()
+        os.close(w)
+        os.close(r)
+    assert (tmp_path / "r.csv").read_text() == ""  # ended between the two, as a stop on a pipe must

@@ -177,3 +177,24 @@ def test_a_name_that_is_not_utf8_is_written_escaped_and_a_failed_write_keeps_the
     assert main(["report", "-o", str(out), str(path)]) == 1  # the file system refused: exit 1, one line
     assert (out / "report.md").read_text() == md  # the last report stands
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no scratch left
+
+
+def test_a_report_keeps_its_files_mode_and_follows_a_link(tmp_path):
+    """Put in place through a new file, a private report became world-readable, and a report.md
+    that linked elsewhere became a plain file while its target kept the old report."""
+    import os
+
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in BESIDE))
+    out = tmp_path / "out"
+    assert main(["report", "-o", str(out), str(path)]) == 0
+    (out / "report.html").chmod(0o600)
+    kept = tmp_path / "kept.md"
+    kept.write_text("old")
+    (out / "report.md").unlink()
+    (out / "report.md").symlink_to(kept)
+    assert main(["report", "-o", str(out), str(path)]) == 0
+    assert (out / "report.html").stat().st_mode & 0o777 == 0o600
+    assert (out / "report.md").is_symlink() and kept.read_text().startswith("#")
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+    os.chmod(out / "report.html", 0o644)

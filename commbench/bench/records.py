@@ -279,6 +279,9 @@ class RecordWriter:
         self._json: IO[str] | None = open(json_path, "w") if json_path else None
         self._csv_file: IO[str] | None = open(csv_path, "w", newline="") if csv_path else None
         self._csv: csv.DictWriter | None = None
+        # Both files regular: a stop waits for a point to be in both. Not where either is a pipe or
+        # a terminal, whose write can block for as long as its reader stalls, and a stop must end it.
+        self._whole = bool(json_path and csv_path) and not (is_stream(json_path) or is_stream(csv_path))
 
     def header(self, info: dict[str, Any]) -> None:
         if self._json:
@@ -286,8 +289,12 @@ class RecordWriter:
             self._json.flush()
 
     def write(self, record: Any) -> None:
-        """A typed record goes to JSON and CSV; a plain dict (the probe timeline) to JSON only. A
-        stop signal waits for both: between the two, it left a point in the JSON file alone."""
+        """A typed record goes to JSON and CSV; a plain dict (the probe timeline) to JSON only. Where
+        both are regular files, a stop signal waits for both: between the two, it left a point in
+        the JSON file alone."""
+        if not self._whole:
+            self._write(record)
+            return
         with noted(STOPS) as held:
             self._write(record)
         if held:

@@ -8,10 +8,12 @@ CSS) with the PNGs beside both. Nothing here measures anything; ``commbench stud
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import html
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -156,11 +158,19 @@ def write_report(blocks: Sequence[Block], out_dir: str | Path, title: str) -> tu
 def _replace_text(path: Path, text: str) -> None:
     """Write ``path`` whole through a file beside it, so that a failed write leaves the last report
     as it was; a name that is not UTF-8 (a run's file, a command line) is written escaped. Such a
-    name failed the write after it had emptied the earlier report.md."""
-    scratch = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    name failed the write after it had emptied the earlier report.md. A link is followed (its
+    target is replaced), the old file's mode is kept, and what is not a regular file is written
+    in place."""
+    target = path.resolve()
+    if target.exists() and not target.is_file():
+        target.write_text(text, encoding="utf-8", errors="backslashreplace")
+        return
+    scratch = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
         scratch.write_text(text, encoding="utf-8", errors="backslashreplace")
-        os.replace(scratch, path)
+        with contextlib.suppress(OSError):  # none there yet: the new file's mode stands
+            shutil.copymode(target, scratch)
+        os.replace(scratch, target)
     finally:
         scratch.unlink(missing_ok=True)
 
