@@ -488,6 +488,65 @@ def test_resume_runs_again_what_failed_changed_or_lost_its_records(tmp_path):
     ]
 
 
+def test_resume_runs_again_a_run_whose_records_are_not_the_ones_it_wrote(tmp_path):
+    """Records that still loaded were kept: a file cut short (its run's summary gone), or another
+    run's copied over it, went into the report as that run's."""
+    config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
+    _, execute = _writing({})
+    first = study.run_study(config, execute=execute)
+    second = Path(first.planned[1].json_path)
+    extra = {"type": "bandwidth", "name": "copy", "size_bytes": 16, "time_s": 1.0, "gbps": 1.6e-8}
+    second.write_text(second.read_text() + json.dumps(extra) + "\n")  # still loads, not the run's
+    started, execute = _writing({})
+    study.run_study(dataclasses.replace(config, resume=True), execute=execute)
+    assert [a[a.index("--json") + 1] for a in started] == [str(second)]
+
+
+def test_resume_at_another_scale_keeps_the_first_scale_s_runs_for_its_own_resume(tmp_path):
+    """Only the lines of the plan being resumed were written back: a --tiny --resume in the same
+    directory dropped the default scale's, and its next --resume ran every run again."""
+    config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
+    _, execute = _writing({})
+    first = study.run_study(config, execute=execute)
+    _, execute = _writing({})
+    study.run_study(dataclasses.replace(config, scale="tiny", resume=True), execute=execute)
+    started, execute = _writing({})
+    again = study.run_study(dataclasses.replace(config, resume=True), execute=execute)
+    assert started == [] and all(o.resumed for o in again.outcomes)
+    assert len(again.outcomes) == len(first.planned)
+
+
+def _grid_of(axes: int, points: int) -> str:
+    return "[[group]]\ngrid = { " + ", ".join(f"a{i} = {list(range(points))}" for i in range(axes)) + " }\n"
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        (
+            "[[group]]\noptions = { help = true }\n",
+            "it prints the command's help (or version) and runs nothing",
+        ),
+        ('[[group]]\noptions = { plot = "../out.png" }\n', "--plot is the study's to set"),
+        ('[[group]]\ncommand = "sweep"\noptions = { csv = "/tmp/x.csv" }\n', "--csv is the study's to set"),
+        (
+            _grid_of(4, 100),
+            "study bad plans more than 10000 runs (group 'group 1''s grid alone has 100000000)",
+        ),
+    ],
+)
+def test_options_that_run_nothing_write_elsewhere_or_never_end_are_refused(
+    tmp_path, monkeypatch, capsys, text, needle
+):
+    """help printed its text and the study ended with exit 0; plot and csv sent every run to one
+    file outside the study's directory; a grid of 10^8 points was planned for ever."""
+    (tmp_path / "bad.toml").write_text(HEAD + text)
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    assert main(["study", "bad", "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    assert needle in captured.err and captured.err.count("\n") == 1 and captured.out == ""
+
+
 def test_study_resume_on_the_command_line_says_what_it_kept(tmp_path, monkeypatch, capsys):
     argv = ["study", "000_backbones", "-q", "-o", str(tmp_path / "st")]
     started, execute = _writing({2: 130})
@@ -735,9 +794,10 @@ def test_a_stop_while_progress_is_rewritten_is_a_stop_that_keeps_it(tmp_path, mo
     ]
 
 
-def test_a_stop_while_a_finished_run_is_recorded_is_not_kept_by_the_report_alone(tmp_path, monkeypatch):
+def test_a_stop_while_a_finished_run_is_recorded_waits_until_it_is_kept(tmp_path, monkeypatch):
     """A run was added to the report's runs before its progress line: a stop in between gave a
-    partial report that kept it, and a --resume that ran it again."""
+    partial report that kept it, and a --resume that ran it again. Then a stop there lost the run
+    from both; now it waits until the run is in both."""
     line = study._progress_line
 
     def stopped_while_recording(o, out):
@@ -750,7 +810,7 @@ def test_a_stop_while_a_finished_run_is_recorded_is_not_kept_by_the_report_alone
     _, execute = _writing({})
     result = study.run_study(config, execute=execute)
     assert result.stopped == 128 + signal.SIGTERM
-    assert [o.planned.index for o in result.outcomes] == _progress_indices(tmp_path / "st") == [1]
+    assert [o.planned.index for o in result.outcomes] == _progress_indices(tmp_path / "st") == [1, 2]
 
 
 @pytest.mark.parametrize("where", ["in a run", "between runs"])

@@ -17,8 +17,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
+import io
 import itertools
 import json
+import math
 import os
 import shlex
 import signal
@@ -365,6 +368,9 @@ def _as_run(key: str, value: Any, options: dict[str, Any]) -> Any:
     return options[key]
 
 
+MAX_RUNS = 10_000  # of one study at one scale
+
+
 def plan(study: Study, scale: str, out_dir: str | Path, cluster_ok: bool = True) -> list[Planned]:
     """Every run of ``study`` at ``scale`` with the command line that makes it; ValueError where
     no group runs at ``scale``."""
@@ -385,6 +391,12 @@ def plan(study: Study, scale: str, out_dir: str | Path, cluster_ok: bool = True)
                 break
             grid = {k: v[:1] for k, v in {**grid, **group.tiny.get("grid", {})}.items()}
         keys = list(grid)
+        points = math.prod(len(grid[k]) for k in keys)
+        if len(planned) + points > MAX_RUNS:  # counted first: a grid of 10^8 points planned for ever
+            raise ValueError(
+                f"study {study.name} plans more than {MAX_RUNS} runs (group {group.label!r}'s grid "
+                f"alone has {points}); a study is run by run, and that many would not end"
+            )
         for values in itertools.product(*(grid[k] for k in keys)):
             point = tuple(zip(keys, values, strict=True))
             run_options = _apply(options, dict(point))
@@ -436,14 +448,14 @@ def validate(planned: Sequence[Planned]) -> list[Planned]:
     for p in planned:
         for argv in filter(None, (p.argv, p.local_argv)):
             try:
-                args = parser.parse_args(list(argv))
+                args = _parsed(parser, argv)
                 world = 2 if getattr(args, "world_size", None) is None else args.world_size
                 if args.command == "cluster":
                     from commbench.bench import cluster
 
                     hosts = cluster.config_from_args(args)
                     world = hosts.hosts
-                    args = parser.parse_args(list(hosts.inner) + ["--world-size", "1"])
+                    args = _parsed(parser, [*hosts.inner, "--world-size", "1"])
                 if args.command in ("train", "compare"):
                     from commbench.bench import train
 
@@ -460,6 +472,24 @@ def validate(planned: Sequence[Planned]) -> list[Planned]:
         if getattr(args, "device", None) == "cuda":
             on_cuda.append(p)
     return on_cuda
+
+
+def _parsed(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``argv`` parsed as the CLI would, for a run of a study; ValueError for options that are the
+    study's own to set (its records go to runs/, its report draws the plots: a study file's plot or
+    csv wrote every run to one file outside the study's directory) or that run nothing (help
+    printed its text and the study ended with exit 0)."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            args = parser.parse_args(list(argv))
+    except SystemExit:
+        raise ValueError("it prints the command's help (or version) and runs nothing") from None
+    for name in ("csv", "plot"):
+        if getattr(args, name, None) is not None:
+            raise ValueError(
+                f"--{name} is the study's to set: its runs' records go to runs/, its report draws"
+            )
+    return args
 
 
 def check_cuda(on_cuda: Sequence[Planned], total: int, scale: str) -> None:
@@ -554,7 +584,7 @@ def run_study(
     """Run every planned command (``execute`` defaults to the CLI in this process), then write the
     report; ``on_run`` and ``on_kept`` hear of each run as it starts or is kept. Each finished run is
     added to ``DIR/runs/progress.jsonl`` at once; with ``config.resume`` the runs an earlier start
-    finished (exit 0, the same command line, records that still load) are kept and not run again.
+    finished (exit 0, the same command line, its records as it left them) are kept and not run again.
 
     A run that exits with 130, 143 or 129 was interrupted (and said so), and SIGINT, SIGTERM or SIGHUP
     between runs does the same: the study stops there and writes a partial report of the runs that
@@ -573,7 +603,7 @@ def run_study(
     planned = plan(study, config.scale, out, cluster_ok=why_not is None)
     clustered = {g.label for g in study.groups if g.cluster}
     check_cuda(validate(planned), len(planned), config.scale)
-    done = _finished(out, planned) if config.resume else {}
+    done, others = _finished(out, planned) if config.resume else ({}, [])
     try:
         (out / "runs").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -582,8 +612,8 @@ def run_study(
     stopped = None
 
     def keep(o: Outcome) -> None:
-        """Its progress line first: a stop in between leaves a run that --resume keeps and the
-        partial report left out, never one that the report kept and --resume runs again."""
+        """Its progress line first, and then the report's list: a stop that arrives once the run has
+        returned waits for both (``arm.release``)."""
         progress.write(json.dumps(_progress_line(o, out)) + "\n")
         progress.flush()
         outcomes.append(o)
@@ -592,7 +622,7 @@ def run_study(
     # is a stop like one between runs, and leaves the earlier start's file as it was.
     with _signals_interrupt() as arm, contextlib.ExitStack() as files:
         try:
-            progress = files.enter_context(_restart_progress(out, done.values()))
+            progress = files.enter_context(_restart_progress(out, done.values(), others))
             for p in planned:
                 if p.index in done:
                     if on_kept is not None:
@@ -624,6 +654,7 @@ def run_study(
                         planned=p, argv=tuple(argv), returncode=code, seconds=seconds, note=note, error=error
                     )
                 )
+                arm.release()  # type: ignore[attr-defined]
         except Interrupted as exc:  # between runs, or in a run whose CLI let it through
             stopped = 128 + exc.signum
         ran = {o.planned.index for o in outcomes}
@@ -650,10 +681,11 @@ def _set_aside(records: Path) -> str:
     return f"; its records are in runs/{aside.name}"
 
 
-def _restart_progress(out: Path, kept: Iterable[Outcome]) -> TextIO:
-    """``DIR/runs/progress.jsonl`` anew, opened for appending, holding the lines of the ``kept`` runs
-    first (a resumed start that is stopped again still holds them). Written beside it and moved into
-    place: emptied first, a stop or a full disk before they were back lost every finished run.
+def _restart_progress(out: Path, kept: Iterable[Outcome], others: Iterable[str] = ()) -> TextIO:
+    """``DIR/runs/progress.jsonl`` anew, opened for appending, holding the lines of other plans' runs
+    and of the ``kept`` runs first (a resumed start that is stopped again still holds them). Written
+    beside it and moved into place: emptied first, a stop or a full disk before they were back lost
+    every finished run.
 
     Raises:
         ValueError: the file cannot be written.
@@ -662,6 +694,7 @@ def _restart_progress(out: Path, kept: Iterable[Outcome]) -> TextIO:
     part = path.with_name(path.name + ".part")
     try:
         with open(part, "w") as f:
+            f.writelines(line + "\n" for line in others)
             f.writelines(json.dumps(_progress_line(o, out)) + "\n" for o in kept)
         os.replace(part, path)
         return open(path, "a")  # noqa: SIM115 (the caller closes it, after every run)
@@ -680,26 +713,50 @@ def _progress_line(o: Outcome, out: Path) -> dict[str, Any]:
         "seconds": o.seconds,
         "note": o.note,
         "error": o.error,
+        "records_sha256": _digest(o.planned.json_path),  # what --resume keeps, byte for byte
     }
 
 
-def _finished(out: Path, planned: Sequence[Planned]) -> dict[int, Outcome]:
-    """The runs an earlier start of this study finished, by index: those whose progress line has exit
-    0 and the command line planned now, and whose records still load. Anything else runs again."""
+def _digest(path: str | Path) -> str | None:
+    """SHA-256 of the file at ``path``; None where it cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _finished(out: Path, planned: Sequence[Planned]) -> tuple[dict[int, Outcome], list[str]]:
+    """(the runs an earlier start of this study finished, by index; the progress lines of runs this
+    plan does not hold). A run is kept where its progress line has exit 0 and the command line
+    planned now, and its records are the very bytes the run left (a file cut short, or another
+    run's copied over it, was kept, and the report read it). Anything else runs again. The other
+    lines are another scale's or plan's, kept for a later --resume of that one: they were dropped,
+    and every run of it ran again."""
     path = out / "runs" / PROGRESS
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
-        return {}
+        return {}, []
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read {path} to resume: {getattr(exc, 'strerror', None) or exc}") from None
     by_index = {p.index: p for p in planned}
+    ours = [_shown(p.argv, out) for p in planned]
     done: dict[int, Outcome] = {}
+    others: list[str] = []
     for line in lines:
         try:
             entry = loads(line)
+            if entry["planned"] not in ours:
+                others.append(line)
+                continue
             p = by_index[entry["index"]]
             if entry["planned"] != _shown(p.argv, out) or entry["returncode"] != 0:
+                continue
+            if entry["records_sha256"] is None or entry["records_sha256"] != _digest(p.json_path):
                 continue
             rp.load_run(p.json_path)
             done[p.index] = Outcome(
@@ -712,7 +769,7 @@ def _finished(out: Path, planned: Sequence[Planned]) -> dict[int, Outcome]:
             )
         except (ValueError, TypeError, KeyError):  # a cut line, another plan, records gone or broken
             continue
-    return done
+    return done, others
 
 
 class _LastLine:
@@ -765,7 +822,8 @@ def _signals_interrupt() -> Iterator[Callable[[Callable[[list[str]], int], list[
 
     Yields ``arm(execute, argv)``: ``execute(argv)`` with the handlers set again first, since a run's
     elastic launcher replaces them with its own, which raise SignalException (turned into Interrupted
-    here where it escapes a run)."""
+    here where it escapes a run). A stop after the run has returned is held until
+    ``arm.release()``, which the caller calls once it has kept the run."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     from commbench.bench.launch import Interrupted
@@ -781,20 +839,33 @@ def _signals_interrupt() -> Iterator[Callable[[Callable[[list[str]], int], list[
             signal.signal(s, signal.SIG_IGN)
         raise Interrupted(signum)
 
+    held: list[int] = []
+
     def install() -> None:
         if not stopped:
             for s in watched:
                 signal.signal(s, on_signal)
 
-    def arm(execute: Callable[[list[str]], int], argv: list[str]) -> int:
+    def release() -> None:
+        """The stop handlers again, and a stop held since the last run returned acts now."""
         install()
+        if held and not stopped:
+            on_signal(held[0], None)
+
+    def arm(execute: Callable[[list[str]], int], argv: list[str]) -> int:
+        release()
         try:
             return execute(argv)
         except SignalException as exc:
             raise Interrupted(int(exc.sigval)) from None
         finally:
-            install()
+            # Held until the caller has kept what the run did (release): a stop right after a run
+            # that finished lost it from progress.jsonl, and --resume ran it again.
+            if not stopped:
+                for s in watched:
+                    signal.signal(s, lambda signum, frame: held.append(signum))
 
+    arm.release = release  # type: ignore[attr-defined]
     install()  # a resumed study with nothing left to run calls arm never, and writes its report here
     try:
         yield arm
