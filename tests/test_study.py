@@ -9,6 +9,7 @@ import os
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -506,11 +507,25 @@ def test_resume_at_another_scale_keeps_the_first_scale_s_runs_for_its_own_resume
     """Only the lines of the plan being resumed were written back: a --tiny --resume in the same
     directory dropped the default scale's, and its next --resume ran every run again."""
     config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
-    _, execute = _writing({})
+
+    def writing_its_own() -> tuple[list[list[str]], Callable[[list[str]], int]]:
+        started, execute = _writing({})
+
+        def execute_own(argv: list[str]) -> int:  # records that differ with the command line
+            code = execute(argv)
+            path = Path(argv[argv.index("--json") + 1])
+            record = json.loads(path.read_text())
+            path.write_text(json.dumps({**record, "size_bytes": len(shlex.join(argv))}) + "\n")
+            return code
+
+        return started, execute_own
+
+    _, execute = writing_its_own()
     first = study.run_study(config, execute=execute)
-    _, execute = _writing({})
-    study.run_study(dataclasses.replace(config, scale="tiny", resume=True), execute=execute)
-    started, execute = _writing({})
+    tiny_started, execute = writing_its_own()
+    study.run_study(dataclasses.replace(config, scale="tiny"), execute=execute)  # not even --resume
+    assert [Path(a[a.index("--json") + 1]).name[:8] for a in tiny_started] == ["tiny-01-"]
+    started, execute = writing_its_own()
     again = study.run_study(dataclasses.replace(config, resume=True), execute=execute)
     assert started == [] and all(o.resumed for o in again.outcomes)
     assert len(again.outcomes) == len(first.planned)

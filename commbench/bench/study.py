@@ -404,7 +404,10 @@ def plan(study: Study, scale: str, out_dir: str | Path, cluster_ok: bool = True)
                 run_options = _apply(_shrink(group.command, run_options), group.tiny.get("options", {}))
                 point = tuple((k, _as_run(k, v, run_options)) for k, v in point)
             index = len(planned) + 1
-            json_path = str(runs_dir / f"{index:02d}-{rp._slug(group.label)}.jsonl")
+            # Another scale's runs in the same directory keep their records (a tiny run overwrote
+            # the default scale's first run, which its --resume then ran again).
+            prefix = "" if scale == "default" else f"{scale}-"
+            json_path = str(runs_dir / f"{prefix}{index:02d}-{rp._slug(group.label)}.jsonl")
             local = [group.command, *_flags(run_options), "--json", json_path]
             argv, local_argv, note = local, None, ""
             if group.cluster and scale != "tiny" and cluster_ok:
@@ -603,7 +606,14 @@ def run_study(
     planned = plan(study, config.scale, out, cluster_ok=why_not is None)
     clustered = {g.label for g in study.groups if g.cluster}
     check_cuda(validate(planned), len(planned), config.scale)
-    done, others = _finished(out, planned) if config.resume else ({}, [])
+    try:
+        done, others = _finished(out, planned)
+    except ValueError:
+        if config.resume:
+            raise
+        done, others = {}, []  # a start over: an unreadable progress file is replaced
+    if not config.resume:  # its own runs all run again; other scales' are kept for their --resume
+        done = {}
     try:
         (out / "runs").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
