@@ -282,7 +282,12 @@ def test_bad_input_to_the_profiled_command_is_its_one_line_and_exit_2(py_spy, tm
 
 @pytest.mark.parametrize(
     "sig, group",
-    [(signal.SIGTERM, False), (signal.SIGINT, True), (signal.SIGHUP, True)],
+    [
+        (signal.SIGTERM, False),
+        # the same path as SIGHUP to the group: under `make test-slow`, to keep `make test` short
+        pytest.param(signal.SIGINT, True, marks=pytest.mark.slow),
+        (signal.SIGHUP, True),
+    ],
     ids=["sigterm", "sigint-to-group", "sighup-to-group"],  # SIGHUP: the terminal closed
 )
 def test_a_stopped_profile_stops_every_child_and_keeps_the_profiles(py_spy, tmp_path, sig, group):
