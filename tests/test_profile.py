@@ -366,3 +366,71 @@ def test_a_profile_whose_recorders_all_fail_says_so_and_exits_1(tmp_path, monkey
             for line in lines
         ), lines
     assert lines[-1].startswith("commbench: profile: no rank was sampled") and len(lines) == 3
+
+
+def _slow_dump(where: Path, ends: str) -> str:
+    """A py-spy whose check (dump) takes 1 s and then ``ends``: "exit 0", or "kill -INT $$" (killed,
+    as a terminal's Ctrl-C to the whole process group killed the real one)."""
+    where.mkdir(exist_ok=True)
+    fake = where / "py-spy"
+    fake.write_text(f'#!/bin/sh\nif [ "$1" = dump ]; then sleep 1; {ends}; fi\nexit 1\n')
+    fake.chmod(0o755)
+    return str(fake)
+
+
+@pytest.mark.parametrize("ends", ["exit 0", "kill -INT $$"])
+def test_a_stop_during_the_py_spy_check_is_an_interruption_that_leaves_no_directory(
+    tmp_path, monkeypatch, capsys, ends
+):
+    """A Ctrl-C at the terminal killed the check's py-spy too, and was reported as "py-spy cannot
+    attach to processes here: exit code -2", exit 2; a stop that let the check finish left the
+    directories the run had made."""
+    import threading
+
+    fake = _slow_dump(tmp_path / "bin", ends)
+    monkeypatch.setattr(profile, "find_py_spy", lambda: fake)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        code = main(["profile", "-o", str(tmp_path / "a" / "b" / "prof"), "--", "sweep", "-b", "1K"])
+    finally:
+        timer.cancel()
+    assert code == 130, capsys.readouterr().err
+    assert "cannot attach" not in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["bin"]
+
+
+def test_a_command_killed_by_a_signal_is_said_and_exits_as_a_shell_would(tmp_path, monkeypatch, capsys):
+    """-9 from the inner command became exit 247, without a word."""
+    monkeypatch.setattr(profile, "check_py_spy", lambda py_spy: None)
+    monkeypatch.setattr(profile, "profile_command", lambda config, py_spy, stop: (-signal.SIGKILL, []))
+    assert main(["profile", "-o", str(tmp_path / "prof"), "--", "sweep", "-b", "1K"]) == 137
+    err = capsys.readouterr().err
+    assert "commbench: profile: the command was killed by SIGKILL" in err
+
+
+def test_a_stop_while_the_profiles_are_written_keeps_the_summary(tmp_path, monkeypatch, capsys):
+    """The write-up ran after the stop handlers were gone: a stop there, once the run had ended,
+    lost summary.json."""
+    out = tmp_path / "prof"
+    raw = out / "rank0-pid1.txt"
+
+    def ran(config, py_spy, stop):
+        raw.write_text("main (x.py:1);f (y.py:2) 3\n")
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        proc.wait()
+        return 0, [profile._Recorder(rank=0, pid=1, raw=raw, proc=proc, native=False, log=out / "r.log")]
+
+    write = profile.write_speedscope
+
+    def stopped_while_writing(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(profile, "check_py_spy", lambda py_spy: None)
+    monkeypatch.setattr(profile, "profile_command", ran)
+    monkeypatch.setattr(profile, "write_speedscope", stopped_while_writing)
+    assert main(["profile", "-o", str(out), "--", "sweep", "-b", "1K"]) == 128 + signal.SIGTERM
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["returncode"] == 0 and summary["stopped_by"] is None  # the run had ended first
+    assert (out / "rank0-pid1.speedscope.json").exists()

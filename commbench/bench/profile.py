@@ -177,8 +177,12 @@ def check_py_spy(py_spy: str | None) -> None:
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
         time.sleep(0.3)
-        done = subprocess.run(
-            [py_spy, "dump", "--pid", str(target.pid)], capture_output=True, text=True, timeout=30
+        done = subprocess.run(  # a session of its own: a Ctrl-C at the terminal is this process's to take
+            [py_spy, "dump", "--pid", str(target.pid)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            start_new_session=True,
         )
     except subprocess.TimeoutExpired:
         raise ValueError("py-spy did not answer within 30 s when attaching to a test process") from None
@@ -294,7 +298,9 @@ def profile_command(
             try:
                 rec.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                rec.proc.terminate()  # py-spy writes what it has on SIGTERM
+                rec.proc.send_signal(
+                    signal.SIGINT
+                )  # py-spy writes what it has on SIGINT (on SIGTERM, nothing)
                 try:
                     rec.proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
@@ -557,18 +563,38 @@ def run_profile(
             check_py_spy(py_spy)
         except ValueError:
             _remove_made(out, made, whole=False)  # a run that cannot profile leaves no empty directory
+            if stop:  # stopped while checking: an interruption, not a py-spy that cannot attach
+                raise _interrupted(stop[0]) from None
             raise
         assert py_spy is not None
         if stop:  # before the run began: nothing to keep
-            from commbench.bench.launch import Interrupted
-
-            raise Interrupted(stop[0])
+            _remove_made(out, made, whole=False)
+            raise _interrupted(stop[0])
         code, recorders = profile_command(config, py_spy, stop)
-    stopped = stop[0] if stop else None
-    if code == BAD_INPUT and not recorders and stopped is None:
-        # The inner command refused its input, in its own one line, before starting a rank.
-        _remove_made(out, made, whole=True)
-        return code, [], None
+        if code < 0:  # killed by a signal: said, and the shell's code for it (-9 was exit 247)
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            print(f"commbench: profile: the command was killed by {name}", file=sys.stderr, flush=True)
+            code = 128 - code
+        if code == BAD_INPUT and not recorders and not stop:
+            # The inner command refused its input, in its own one line, before starting a rank.
+            _remove_made(out, made, whole=True)
+            return code, [], None
+        # Still held: a stop now waits for the profiles and summary.json of a run that has ended.
+        profiles = _write_up(config, code, recorders, stop[0] if stop else None)
+    return code, profiles, stop[0] if stop else None
+
+
+def _interrupted(signum: int) -> BaseException:
+    from commbench.bench.launch import Interrupted
+
+    return Interrupted(signum)
+
+
+def _write_up(config: ProfileConfig, code: int, recorders: Sequence[Any], stopped: int | None) -> list:
+    """Each rank's profile converted and summarised, and summary.json written; the summaries."""
     profiles = []
     for rec in recorders:
         stacks = parse_collapsed(rec.raw.read_text().splitlines()) if rec.raw.exists() else []
@@ -592,7 +618,7 @@ def run_profile(
         "ranks": [dataclasses.asdict(p) for p in profiles],
     }
     (Path(config.out_dir) / "summary.json").write_text(json.dumps(summary, indent=1))
-    return code, profiles, stopped
+    return profiles
 
 
 def summary_table(profiles: Sequence[RankProfile]) -> str:
@@ -660,7 +686,9 @@ def run(args: argparse.Namespace) -> int:
     if code == BAD_INPUT and not profiles:
         return code
     if not profiles:
-        print(f"# profile: no rank process was seen (the command exited with {code})")
+        print(
+            f"commbench: profile: no rank process was seen (the command exited with {code})", file=sys.stderr
+        )
         return code or 1
     for p in profiles:
         if not p.samples:
