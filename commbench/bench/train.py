@@ -68,7 +68,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         default="none",
         help="linear: lr x global batch / --reference-batch (default: --global-batch, else per-rank batch)",
     )
-    p.add_argument("--reference-batch", type=int, default=None, help="batch the given --lr was tuned for")
+    p.add_argument(
+        "--reference-batch",
+        type=int,
+        default=None,
+        help="batch the given --lr was tuned for (read by --lr-scaling linear; none leaves --lr as given)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of model and data (default 0)")
     p.add_argument("--loss-threshold", type=float, default=None, help="report epochs and time to this loss")
     p.add_argument(
@@ -208,7 +213,8 @@ def _title(config: Any, first: dict[str, Any], name: str = "train") -> str:
         f"batch {first['batch_size']}/rank\n"
         "# ms = median over timed steps (later epochs; with one epoch all but the first step) of the ranks' "
         "mean;\n# bwd = backward until the last gradient; exp.comm = from then until gradients are synced; "
-        "hidden = share of comm time overlapping backward; MB = 1e6 B"
+        "hidden = share of comm time overlapping backward; MB = 1e6 B; wire MB/rank/ep = the busiest "
+        "rank's"
     )
 
 
