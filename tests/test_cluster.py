@@ -22,6 +22,7 @@ import pytest
 
 from commbench.bench import cli, cluster, netns
 from commbench.bench.netns import Shaping, Topology
+from tests import stops
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -716,16 +717,7 @@ def test_input_a_host_refuses_after_the_build_is_exit_2(tmp_path):
 
 
 @needs_privileges
-@pytest.mark.parametrize(
-    "signum",
-    # SIGTERM in `make test`; the others take the same path, in `make test-slow`
-    [
-        signal.SIGTERM,
-        pytest.param(signal.SIGHUP, marks=pytest.mark.slow),
-        pytest.param(signal.SIGINT, marks=pytest.mark.slow),
-    ],
-    ids=["term", "hup", "int"],
-)
+@pytest.mark.parametrize("signum", **stops.one_fast("term"))
 def test_a_stop_signal_ends_the_run_and_cleans_up(tmp_path, signum):
     """SIGHUP (a closed terminal) used to end the command at once, leaving the namespaces, the
     scratch directory, and the hosts' ranks running to the end of their sweep."""

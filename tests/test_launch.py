@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from commbench.bench import launch, signals, starter
 from commbench.bench.launch import LaunchSpec, RankFailed, run
+from tests import stops
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -422,16 +423,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize(
-    "sig",
-    # SIGHUP (a closed terminal) in `make test`; the others take the same path, in `make test-slow`
-    [
-        signal.SIGHUP,
-        pytest.param(signal.SIGTERM, marks=pytest.mark.slow),
-        pytest.param(signal.SIGINT, marks=pytest.mark.slow),
-    ],
-    ids=["hup", "term", "int"],
-)
+@pytest.mark.parametrize("sig", **stops.one_fast("hup"))
 def test_a_stop_sent_to_the_whole_group_ends_the_launcher_after_its_ranks(tmp_path, sig):
     """A closed terminal (SIGHUP), or a SIGTERM to the process group, reaches the fork server as well.
     When it ended the server, the agent took each rank's lost status pipe for the rank's end: the
