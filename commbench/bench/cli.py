@@ -327,7 +327,7 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None, command: str | 
     if dist.get_rank() == 0:
         sink = Rank0Output(config, machine_info(dist.get_backend(), command), nic)
     try:
-        records = run_rank(config, device, sink if sink is not None else (lambda kind, payload: None))
+        records = run_rank(config, device, sink if sink is not None else (lambda kind, payload: None), nic)
     finally:
         if sink is not None:
             sink.close()

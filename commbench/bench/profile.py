@@ -564,12 +564,12 @@ def run_profile(
         except ValueError:
             _remove_made(out, made, whole=False)  # a run that cannot profile leaves no empty directory
             if stop:  # stopped while checking: an interruption, not a py-spy that cannot attach
-                raise _interrupted(stop[0]) from None
+                raise signals.Interrupted(stop[0]) from None
             raise
         assert py_spy is not None
         if stop:  # before the run began: nothing to keep
             _remove_made(out, made, whole=False)
-            raise _interrupted(stop[0])
+            raise signals.Interrupted(stop[0])
         code, recorders = profile_command(config, py_spy, stop)
         if code < 0:  # killed by a signal: said, and the shell's code for it (-9 was exit 247)
             try:
@@ -585,12 +585,6 @@ def run_profile(
         # Still held: a stop now waits for the profiles and summary.json of a run that has ended.
         profiles = _write_up(config, code, recorders, stop[0] if stop else None)
     return code, profiles, stop[0] if stop else None
-
-
-def _interrupted(signum: int) -> BaseException:
-    from commbench.bench.launch import Interrupted
-
-    return Interrupted(signum)
 
 
 def _write_up(config: ProfileConfig, code: int, recorders: Sequence[Any], stopped: int | None) -> list:

@@ -325,7 +325,7 @@ class _Timer:
         return time.perf_counter() - t0
 
 
-def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
+def run_rank(config: SweepConfig, device_kind: str, emit, nic: str | None = None) -> list[SweepRecord]:
     """Body of one rank: run the whole sweep; rank 0 hands each finished point to ``emit``.
 
     Args:
@@ -333,6 +333,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
         device_kind: "cpu" or "cuda".
         emit: called on rank 0 as emit(kind, payload) with kind "start" (sizes), "record"
             (SweepRecord) or "step" (one call of one series done, for progress).
+        nic: the interface the wire count reads (``wirecount.agreed_nic``'s; agreed here if None).
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     if config.root >= world:
@@ -360,7 +361,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit) -> list[SweepRecord]:
     if config.probe and device.type == "cpu":  # NIC counters see gloo's TCP; NCCL's paths are NVML's
         from commbench.probes.wirecount import WireCounter
 
-        counter = WireCounter(device)
+        counter = WireCounter(device, nic)  # the interface the caller agreed on, else agreed here
     if rank == 0:
         emit(
             "start",

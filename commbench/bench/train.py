@@ -262,7 +262,7 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
                 if probe is not None:
                     probe.mark(f"{record.strategy} epoch {record.epoch}")
 
-        summaries = run_rank(config, dev, emit, bar)
+        summaries = run_rank(config, dev, emit, bar, nic=nic)
         for s in summaries:
             writer.write(s)
     finally:

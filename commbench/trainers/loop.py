@@ -720,12 +720,14 @@ def run_rank(
     emit: Callable[[Any], None],
     progress: Any = None,
     inspect: Callable[[list[Trainer]], None] | None = None,
+    nic: str | None = None,
 ) -> list[TrainSummary]:
     """Train every strategy of ``config`` on this rank, steps interleaved; return their summaries.
 
     ``emit`` receives each epoch record as it is made (rank 0 writes them); ``progress`` (a tqdm
     bar or None) is advanced once per step of every strategy; ``inspect`` sees the trainers after
-    the last epoch (tests compare their parameters).
+    the last epoch (tests compare their parameters); ``nic``: the interface the wire count reads
+    (``wirecount.agreed_nic``'s, agreed here where None).
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -744,7 +746,7 @@ def run_rank(
     if config.probe and device.type == "cpu" and world > 1:  # NIC counters see gloo's TCP traffic
         from commbench.probes.wirecount import StepWindows, WireCounter
 
-        windows = StepWindows(WireCounter(device))
+        windows = StepWindows(WireCounter(device, nic))
     try:
         history: dict[str, list[EpochRecord]] = {s: [] for s in config.strategies}
         timed: dict[str, list[torch.Tensor]] = {s: [] for s in config.strategies}
