@@ -347,15 +347,17 @@ def _autograd(case: dict[str, Any]) -> dict[str, bool]:
 def _inference(case: dict[str, Any]) -> list[str]:
     """Every algorithm of every collective on tensors made under ``torch.inference_mode`` and passed
     outside it (the backend's own takes them), then with a Workspace first used inside it. The
-    hand-written ones wrote into them and failed on some ranks only, whose peers waited."""
+    hand-written ones wrote into them and failed on some ranks only, whose peers waited.
+    ``case["device"]``: "cuda" puts the tensors on this rank's GPU (host memory otherwise)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     total = world * (world + 1) // 2
     failures = []
+    device = torch.device("cuda", torch.cuda.current_device()) if case.get("device") == "cuda" else None
 
     def run(collective: str, algorithm: str, workspace: comm.Workspace | None, inference: bool) -> bool:
         with torch.inference_mode(inference):
-            mine = torch.full((12 * world,), float(rank + 1))
-            out = torch.zeros(12 * world if collective == "all_gather" else 12)
+            mine = torch.full((12 * world,), float(rank + 1), device=device)
+            out = torch.zeros(12 * world if collective == "all_gather" else 12, device=device)
         if collective == "all_reduce":
             comm.all_reduce(mine, "sum", algorithm, workspace=workspace)
             return bool(torch.all(mine == total))
@@ -364,7 +366,7 @@ def _inference(case: dict[str, Any]) -> list[str]:
             return bool(torch.all(out == total))
         if collective == "all_gather":
             comm.all_gather(out, mine[:12], algorithm, workspace=workspace)
-            return bool(torch.equal(out, torch.arange(1, world + 1).repeat_interleave(12).float()))
+            return bool(torch.equal(out.cpu(), torch.arange(1, world + 1).repeat_interleave(12).float()))
         if collective == "broadcast":
             comm.broadcast(mine, world - 1, algorithm, workspace=workspace)
             return bool(torch.all(mine == world))

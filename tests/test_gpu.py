@@ -82,6 +82,24 @@ def test_a_group_with_a_backend_per_device():
     assert results == {0: []}
 
 
+def _inference_on_cuda() -> list[str]:
+    from tests.cases import _inference
+
+    return _inference({"device": "cuda"})
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [LaunchSpec(world_size=1, device="cuda"), LaunchSpec(world_size=2, device="cuda", backend="gloo")],
+    ids=["nccl-1", "gloo-2"],
+)
+def test_cuda_tensors_made_in_inference_mode_are_taken(spec):
+    """Every collective and algorithm on CUDA tensors made under torch.inference_mode, and with a
+    Workspace first used inside it: NCCL's own path and gloo's host copies of CUDA tensors."""
+    results = run(_inference_on_cuda, (), spec)
+    assert results == {rank: [] for rank in range(spec.world_size)}
+
+
 def test_the_trainers_clock_hands_out_events_made_ahead():
     import torch
 
