@@ -175,3 +175,36 @@ def test_copies_the_host_returns_from_early_are_queued_behind_a_spin(monkeypatch
     assert [r.name for r in results] == [*copies.OVER_PCIE, copies.DEVICE_TO_DEVICE]
     assert len(held) == 3 and all(1e-3 < s < 1.0 for s in held), held
     assert all(r.time_s > 0 for r in results) and copies._cycles_per_s is not None
+
+
+@pytest.mark.parametrize("queued", [True, False])
+def test_queued_copies_go_behind_a_spin_a_batch_at_a_time(monkeypatch, queued):
+    """Queued past what a stream holds, the host fed the copies one launch at a time and each was
+    timed with its launch again: each spin holds at most QUEUED_CALLS timed copies, and the stream
+    is drained before the next spin (stand-in events and spin; the real ones are gpu-marked above)."""
+    log = []
+
+    class Event:
+        def record(self):
+            log.append("event")
+
+        def elapsed_time(self, other):
+            return 2.0
+
+    monkeypatch.setattr(copies, "timing_events", lambda n: [Event() for _ in range(n)])
+    monkeypatch.setattr(copies, "_hold_stream", lambda seconds: log.append("spin"))
+    monkeypatch.setattr(copies.torch.cuda, "synchronize", lambda: log.append("sync"))
+    iters = 2 * copies.QUEUED_CALLS + 5
+    times = copies._cuda_time(lambda: log.append("copy"), iters, 1, queued=queued)
+    assert times == [2e-3] * iters
+    assert log[:2] == ["copy", "sync"]  # the warm-up, drained
+    batches = " ".join(log[2:]).split("sync")[:-1]
+    assert "".join(log[2:]).endswith("sync")
+    sizes = []
+    for batch in batches:
+        words = batch.split()
+        assert (words[0] == "spin") == queued and "spin" not in words[1:]
+        body = words[1:] if queued else words
+        assert body == ["event", "copy", "event"] * (len(body) // 3)
+        sizes.append(len(body) // 3)
+    assert sum(sizes) == iters and max(sizes) <= copies.QUEUED_CALLS
