@@ -133,8 +133,11 @@ def test_a_stopped_run_keeps_the_header_and_the_finished_kinds(
     finally:
         for s, h in before.items():
             signal.signal(s, h)
-    err = capsys.readouterr().err
+    printed = capsys.readouterr()
+    err = printed.err
     assert err.count("\n") == 1 and err.startswith("commbench: interrupted") and str(out) in err
+    # the finished kinds are shown too (without --json, only there)
+    assert [f"kind{i}" in printed.out for i in range(kinds + 1)] == [True] * kinds + [False]
     header, *records = read_jsonl(out)
     assert header["type"] == "header" and [r["name"] for r in records] == [f"kind{i}" for i in range(kinds)]
     # the command main was handed, not pytest's own
@@ -151,6 +154,21 @@ def test_an_error_after_the_first_kind_leaves_it_in_the_file(tmp_path, monkeypat
         bandwidth.run(build_parser().parse_args(["bandwidth", "--size", "4K", "--json", str(out)]))
     header, record = read_jsonl(out)
     assert header["type"] == "header" and record["name"] == "kind0" and record["size_bytes"] == 4096
+
+
+def test_an_impossible_reading_after_a_kind_still_shows_that_kind(capsys, monkeypatch):
+    """A kind faster than its link ended the run before the table: the kinds measured before it,
+    with no --json, were lost."""
+
+    def measure(size_bytes, device, **kwargs):
+        yield CopyResult(name="sound", size_bytes=size_bytes, time_s=1e-3, gbps=0.001, limit_gbps=None)
+        yield CopyResult(name="too fast", size_bytes=size_bytes, time_s=1e-9, gbps=1e3, limit_gbps=1.0)
+
+    monkeypatch.setattr(bandwidth, "each_copy", measure)
+    assert main(["bandwidth", "--size", "1K"]) == 1
+    printed = capsys.readouterr()
+    assert "sound" in printed.out and "too fast" not in printed.out
+    assert printed.err.count("\n") == 1 and printed.err.startswith("commbench: impossible reading")
 
 
 def test_help_names_the_copies_each_device_measures(capsys):

@@ -198,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         device = torch.device("cpu")
     writer = RecordWriter(args.json, None)  # no file when --json is not given
     records: list[BandwidthRecord] = []
+    impossible = None
     try:
         with _stops_interrupt():
             if args.json:
@@ -210,8 +211,8 @@ def run(args: argparse.Namespace) -> int:
                 try:  # a copy faster than its link is a broken measurement: an error, never a record
                     check_rate(r.size_bytes, r.time_s, r.limit_gbps, what=r.name)
                 except ImpossibleReading as exc:
-                    print(f"commbench: impossible reading: {exc}", file=sys.stderr)
-                    return 1
+                    impossible = exc
+                    break
                 records.append(
                     BandwidthRecord(
                         device=args.device,
@@ -228,7 +229,12 @@ def run(args: argparse.Namespace) -> int:
                 writer.write(records[-1])
     finally:
         writer.close()
-    print(format_table(records))
-    for note in notes:
-        print(f"  {note}")
+        if records:  # stopped or not, the kinds measured are shown (without --json, only here)
+            print(format_table(records))
+            for note in notes:
+                print(f"  {note}")
+            sys.stdout.flush()
+    if impossible is not None:
+        print(f"commbench: impossible reading: {impossible}", file=sys.stderr)
+        return 1
     return 0
