@@ -184,6 +184,19 @@ def test_views_of_the_bucket_only_as_their_own_slices() -> None:
     # elsewhere in the bucket's allocation, not in the bucket: copied as any other tensor
     pack([whole[0:2], whole[6:8]], whole[2:6])
     assert whole.tolist() == [0.0, 1.0, 0.0, 1.0, 6.0, 7.0, 6.0, 7.0]
+    # another storage over the same memory: two tensors over one buffer of 12 floats
+    memory = bytearray(48)
+
+    def floats(first: int, count: int) -> torch.Tensor:
+        return torch.frombuffer(memory, dtype=torch.float32, count=count, offset=4 * first)
+
+    floats(0, 12).copy_(torch.arange(12.0))
+    flat = floats(4, 8)
+    with pytest.raises(ValueError, match="tensor 0 shares memory"):
+        pack([floats(0, 8)], flat)
+    assert flat.tolist() == [float(i) for i in range(4, 12)]
+    pack([floats(0, 4), floats(0, 4)], flat)  # beside it: copied as any other tensor
+    assert floats(0, 12).tolist() == [float(i % 4) for i in range(12)]
     # meta tensors have no memory to share (every pointer is 0)
     pack([torch.empty(2, device="meta"), torch.empty(2, device="meta")], torch.empty(4, device="meta"))
 

@@ -12,8 +12,8 @@ def _check(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     device, dense, and apart from it: a copy would otherwise convert them silently (a bucket of a
     lower precision rounds every gradient it carries), move them between devices, fail halfway
     (a sparse tensor) or read what it had already overwritten (a view of ``flat`` elsewhere than
-    its own slice). All is checked before anything is copied; this runs on every bucket, so a
-    tensor that does not start inside ``flat``'s allocation costs one pointer comparison more."""
+    its own slice, or memory of another storage over the same bytes: two ``torch.from_numpy``
+    views of one array). All is checked before anything is copied."""
     if flat.dim() != 1:
         raise ValueError(f"the bucket must be 1-D, got shape {tuple(flat.shape)}")
     if flat.layout is not torch.strided:
@@ -21,9 +21,7 @@ def _check(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     if not flat.is_contiguous():  # the overlap check below counts its elements as adjacent
         raise ValueError(f"the bucket must be contiguous, got stride {flat.stride(0)}")
     dtype, device, size = flat.dtype, flat.device, flat.element_size()
-    storage = flat.untyped_storage()
-    first = storage.data_ptr()
-    end = first if device.type == "meta" else first + storage.nbytes()  # flat's allocation; meta has none
+    addressed = device.type != "meta"  # meta tensors have no memory, every address 0
     lo = own = flat.data_ptr()  # own: where the tensor's own slice of flat starts
     hi = lo + flat.numel() * size
     for i, t in enumerate(tensors):
@@ -37,7 +35,7 @@ def _check(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
             )
         n = t.numel()
         p = t.data_ptr()
-        if n and first <= p < end and not (p == own and t.is_contiguous()):
+        if n and addressed and not (p == own and t.is_contiguous()):
             span = 1 + sum((d - 1) * s for d, s in zip(t.shape, t.stride(), strict=True))
             if p < hi and p + span * size > lo:
                 raise ValueError(
