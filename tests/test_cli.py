@@ -1264,12 +1264,27 @@ def test_a_sweep_whose_buffers_exceed_the_memory_is_refused_before_any_rank(tmp_
         ({"SLURM_NTASKS_PER_NODE": "2(x3)"}, 2),
         ({"SLURM_NTASKS_PER_NODE": "?"}, 1),
         ({}, 1),
+        # srun without --ntasks-per-node sets no SLURM_NTASKS_PER_NODE: each node's count is in the lists
+        ({"SLURM_TASKS_PER_NODE": "2", "SLURM_NODEID": "0"}, 2),
+        ({"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "2"}, 2),
+        ({"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"}, 1),
+        ({"SLURM_STEP_TASKS_PER_NODE": "3,1", "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "0"}, 3),
+        ({"SLURM_TASKS_PER_NODE": "2(x3)", "SLURM_NODEID": "3", "SLURM_NTASKS_PER_NODE": "5"}, 5),
+        ({"SLURM_TASKS_PER_NODE": "2(x", "SLURM_NODEID": "0"}, 1),
+        ({"SLURM_TASKS_PER_NODE": "4"}, 1),  # no node id: not read
+        ({"LOCAL_WORLD_SIZE": "8", "SLURM_TASKS_PER_NODE": "4", "SLURM_NODEID": "0"}, 8),
     ],
 )
 def test_the_ranks_sharing_a_host_under_torchrun_or_slurm(env, local, monkeypatch):
     from commbench.bench import launch
 
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+    for name in (
+        "LOCAL_WORLD_SIZE",
+        "SLURM_NTASKS_PER_NODE",
+        "SLURM_TASKS_PER_NODE",
+        "SLURM_STEP_TASKS_PER_NODE",
+        "SLURM_NODEID",
+    ):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -106,14 +106,47 @@ def slurm_port(env: Any) -> int:
         return 29500
 
 
+# Environment variables that hold this host's rank count, tried in turn; the first that can be
+# read counts. SLURM sets SLURM_NTASKS_PER_NODE only where --ntasks-per-node was given, and gives
+# every node's count in SLURM_STEP_TASKS_PER_NODE and SLURM_TASKS_PER_NODE ("2(x3),1").
+_PER_NODE = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+
+
 def local_ranks() -> int:
     """Ranks on this host of a launch made by torchrun or SLURM (1 where neither says)."""
     env = os.environ
-    text = env.get("LOCAL_WORLD_SIZE") or env.get("SLURM_NTASKS_PER_NODE") or "1"
+    for count in (
+        _count(env.get("LOCAL_WORLD_SIZE", "")),
+        *(_node_count(env.get(name, ""), env.get("SLURM_NODEID", "")) for name in _PER_NODE),
+        _count(env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]),
+    ):
+        if count is not None:
+            return count
+    return 1
+
+
+def _count(text: str) -> int | None:
     try:
-        return max(1, int(text.split("(")[0]))
+        return max(1, int(text))
     except ValueError:
-        return 1
+        return None
+
+
+def _node_count(text: str, node: str) -> int | None:
+    """Node ``node``'s entry of SLURM's per-node list ``text`` ("2(x3),1": 2, 2, 2 and 1); None
+    where either cannot be read."""
+    if not node.isdigit():
+        return None
+    left = int(node)  # nodes before this one, in the entries not yet read
+    for part in text.split(","):
+        each, repeat, times = part.strip().partition("(x")
+        if not (each.isdigit() and (not repeat or (times.endswith(")") and times[:-1].isdigit()))):
+            return None
+        nodes = int(times[:-1]) if repeat else 1
+        if left < nodes:
+            return max(1, int(each))
+        left -= nodes
+    return None
 
 
 def external_world_size() -> int:
