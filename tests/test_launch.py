@@ -461,6 +461,63 @@ def test_a_stop_sent_to_the_whole_group_ends_the_launcher_after_its_ranks(tmp_pa
     assert left == ["rank0.left", "rank1.left"]
 
 
+IGNORING = """
+import signal, sys, time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from commbench.bench import launch
+
+
+def wait_for_go():
+    here = Path(sys.argv[1])
+    (here / f"rank{dist.get_rank()}.ready").write_text("")
+    while not (here / "go").exists():
+        time.sleep(0.02)  # in Python, where a handler of the rank's would act
+    return dist.get_rank()
+
+
+if __name__ == "__main__":
+    signal.signal(int(sys.argv[2]), signal.SIG_IGN)  # as nohup (SIGHUP), or a background job (SIGINT)
+    try:
+        print("results", launch.run(wait_for_go, (), launch.LaunchSpec(world_size=2, timeout_s=60)))
+    except launch.Interrupted as exc:
+        print("interrupted", exc.signum)
+"""
+
+
+@pytest.mark.parametrize("sig", **stops.one_fast("hup"))
+def test_a_stop_signal_inherited_as_ignored_stays_ignored_in_the_launcher_and_its_ranks(tmp_path, sig):
+    """`nohup commbench ...` was stopped by the SIGHUP it was to ignore: the elastic agent sets its
+    handler for every signal it takes over, and the ranks set theirs, whatever was inherited."""
+    script = tmp_path / "ignoring.py"
+    script.write_text(IGNORING)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path), str(int(sig))],
+        cwd=tmp_path,
+        env=_with_project_path(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    ready = [tmp_path / f"rank{r}.ready" for r in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while not all(p.exists() for p in ready) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(p.exists() for p in ready), "the ranks never started"
+        os.killpg(proc.pid, sig)  # the launcher, its ranks and the fork server
+        time.sleep(0.5)
+        (tmp_path / "go").write_text("")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert (proc.returncode, out.strip()) == (0, "results {0: 0, 1: 1}"), err[-2000:]
+
+
 def test_stops_after_the_first_do_not_cut_the_launchers_stopping_short(tmp_path):
     """The first stop makes the launcher stop its ranks (the agent waits for them) and remove its
     scratch directory; a second Ctrl-C or SIGTERM raised the agent's exception again in the

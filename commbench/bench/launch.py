@@ -173,18 +173,21 @@ def _rank_main(
     error_dir: str | None,
     env: Any = None,
     launcher: int | None = None,
+    ignored: tuple[int, ...] = (),
 ) -> Any:
     """Body of every rank: join the group, run ``fn``, leave; record a one-line error on failure.
 
     ``env`` is the launcher's environment change for a rank forked from the fork server;
-    ``launcher`` the pid of the launcher, whose end stops the rank (:func:`_stop_when_gone`)."""
+    ``launcher`` the pid of the launcher, whose end stops the rank (:func:`_stop_when_gone`);
+    ``ignored`` the stop signals that the launcher inherited as ignored (``nohup``), which the
+    rank ignores too (the fork server that forked it does not)."""
     if error_dir is not None:
         starter.take_environment(env)
         starter.name_rank(os.environ.get("RANK", "?"))
         # Until the group is joined there is nothing to flush: a signal ends the rank at once, even
         # inside the rendezvous' C++ waits, which a Python handler would sit out.
         for signum in signals.STOPS:
-            signal.signal(signum, signal.SIG_DFL)
+            signal.signal(signum, signal.SIG_IGN if signum in ignored else signal.SIG_DFL)
         unblock_stop()
         if launcher is not None:
             _stop_when_gone(launcher)
@@ -211,7 +214,8 @@ def _rank_main(
                 # So does a closed terminal's SIGHUP: its default action skipped the exit's clean-up,
                 # and multiprocessing's resource tracker then reported tqdm's lock as leaked.
                 for signum in signals.STOPS:
-                    signal.signal(signum, _exit_on_signal)
+                    if signum not in ignored:
+                        signal.signal(signum, _exit_on_signal)
                 return fn(*args)
             # Under torchrun or SLURM too: torchrun passes a SIGTERM or SIGHUP on to its ranks, whose
             # default action skipped the finally-blocks (a sweep lost its probe record). This process
@@ -378,6 +382,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
     forked = method == starter.START_METHOD
     check_local_ranks(spec.world_size)
     lost: list[int] = []  # stops whose exception a finaliser dropped
+    ignored = tuple(s for s in signals.STOPS if signal.getsignal(s) == signal.SIG_IGN)  # nohup's
     try:
         with _stops_raise(SignalException) as rearm:
             if forked:  # first: the scratch directory goes beside the server's socket
@@ -404,7 +409,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
                     with _stops_in_finalisers(SignalException, lost, rearm):
                         launcher = os.getpid()
                         results = elastic_launch(config, _rank_main)(
-                            fn, args, spec, error_dir, change, launcher
+                            fn, args, spec, error_dir, change, launcher, ignored
                         )
                 except ChildFailedError as exc:
                     if lost:  # the ranks were ended by that stop
@@ -444,8 +449,13 @@ def _stops_raise(raised: Callable[[str, signal.Signals], BaseException]) -> Iter
     """
     taken = _agent_signals()
     quieted: dict[int, Any] = {}
+    # The agent sets its handler for each signal it takes over, one inherited as ignored (nohup's
+    # SIGHUP, a background job's SIGINT) too: that handler is this one, which lets those be.
+    ignored = {s for s in {*signals.STOPS, *taken} if signal.getsignal(s) == signal.SIG_IGN}
 
     def stop(signum: int, frame: Any) -> None:
+        if signum in ignored:
+            return
         quieted.update(signals.ignore_further(taken))
         sig = signal.Signals(signum)
         raise raised(f"commbench launcher got {sig.name}", sig)
