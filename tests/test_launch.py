@@ -835,6 +835,49 @@ def test_a_stop_dropped_by_a_finaliser_is_kept_and_other_dropped_errors_still_re
     assert [type(e) for e in reported] == [ValueError, Stop]
 
 
+def _a_store_wait_fails() -> None:
+    raise dist.DistStoreError("wait timeout after 5000ms, keys: /peer")  # a peer that has gone
+
+
+def test_a_distributed_error_after_the_join_is_not_called_a_failure_to_join(monkeypatch):
+    """Under torchrun or SLURM every DistError was reported as "could not join the group ... (RANK
+    and WORLD_SIZE ... are set ...)", a lost peer's or NCCL's in the middle of a run too."""
+    from tests.world import free_port
+
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    for name, value in {**env, "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(name, value)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(RankFailed) as caught:
+            run(_a_store_wait_fails, (), LaunchSpec(world_size=1, timeout_s=10))
+    finally:
+        torch.set_num_threads(threads)
+    assert str(caught.value) == "rank 0 failed: DistStoreError: wait timeout after 5000ms, keys: /peer"
+    assert not dist.is_initialized()
+
+    def refused(*args, **kwargs):
+        raise dist.DistStoreError("connection refused")
+
+    monkeypatch.setattr(dist, "init_process_group", refused)
+    with pytest.raises(RankFailed, match=r"could not join the group of WORLD_SIZE=1 at 127\.0\.0\.1:"):
+        run(_world, (), LaunchSpec(world_size=1, timeout_s=10))
+
+
+def _rank_one_is_stopped() -> None:
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGTERM)  # `kill PID` of one rank
+        time.sleep(30)
+    dist.recv(torch.empty(1), src=1)
+
+
+def test_a_rank_stopped_alone_ends_the_run_as_interrupted():
+    """A stop sent to one rank was reported as that rank's failure, "SystemExit: 143", exit 1."""
+    with pytest.raises(launch.Interrupted) as caught:
+        run(_rank_one_is_stopped, (), LaunchSpec(world_size=2, timeout_s=30))
+    assert caught.value.signum == signal.SIGTERM
+
+
 def test_a_slurm_job_without_master_port_gets_a_port_of_its_own(monkeypatch):
     """Two jobs on one node both took 29500, and the second failed to listen."""
     from commbench.bench import launch

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from commbench.bench.cli import main
+from tests import stops
 from tests.world import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,11 +212,12 @@ def test_a_path_that_rank_0_refuses_is_said_once_and_ends_the_run(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["term", "hup"])
+@pytest.mark.parametrize("sig", **stops.one_fast("term"))
 def test_a_rank_waiting_for_its_peers_ends_at_once_when_its_launcher_stops_it(tmp_path, sig):
     """A rank started by torchrun or SLURM is the commbench process itself: a Python handler for
     SIGTERM in it waited out the whole rendezvous (the --timeout of 60 s here) before acting; the
-    default action ends it as soon as the launcher stops it."""
+    default action ends it as soon as the launcher stops it. Python's own SIGINT handler, which
+    raises KeyboardInterrupt, did the same to a Ctrl-C."""
     import psutil
 
     port = free_port()

@@ -43,6 +43,7 @@ ORPHAN_GRACE_S = 30.0  # see _stop_when_gone; the agent's own grace before it ki
 # (LaunchConfig.signals_to_handle, the TORCHELASTIC_SIGNALS_TO_HANDLE variable; older torch: these four).
 AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 _stopping = False  # this rank is being stopped by a signal
+_joined = False  # this rank has joined its group and made its connections
 
 
 Interrupted = signals.Interrupted  # defined beside the handlers, where code without torch can catch it
@@ -203,12 +204,19 @@ def _rank_main(
         kwargs: dict[str, Any] = {}
         if spec.resolved_backend == "nccl":
             kwargs["device_id"] = device
-        dist.init_process_group(spec.resolved_backend, timeout=timedelta(seconds=spec.timeout_s), **kwargs)
+        global _joined
+        _joined = False
+        with _interrupt_ends_at_once(error_dir is None):
+            dist.init_process_group(
+                spec.resolved_backend, timeout=timedelta(seconds=spec.timeout_s), **kwargs
+            )
         try:
             # Here, so that no timed or counted interval pays for its set-up. Its connections are
             # made in a C++ wait on the launcher's store, which a signal must end at once too: with
             # a handler the rank waited for the launcher to exit and printed the store's C++ error.
-            p2p.prepare(None)
+            with _interrupt_ends_at_once(error_dir is None):
+                p2p.prepare(None)
+            _joined = True
             if error_dir is not None:
                 # Ctrl-C reaches every rank: leave quietly (finally-blocks still flush finished records).
                 # So does a closed terminal's SIGHUP: its default action skipped the exit's clean-up,
@@ -239,6 +247,27 @@ def _rank_main(
             # rank's error is likely that peer's lost connection: it ends a moment after the peer.
             time.sleep(FAILED_RANK_LINGER_S)
         raise SystemExit(1) from None
+
+
+@contextlib.contextmanager
+def _interrupt_ends_at_once(external: bool) -> Iterator[None]:
+    """In a rank that torchrun or SLURM started (``external``), SIGINT takes its default action
+    while the block runs, where Python's own handler would raise KeyboardInterrupt: in the C++
+    waits of a group's joining it ran only when the wait ended (a Ctrl-C waited out the whole
+    --timeout). The CLI leaves SIGTERM and SIGHUP at theirs there; a handler of the caller's, or
+    an ignore, is kept."""
+    if (
+        not external
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def unblock_stop() -> None:
@@ -332,11 +361,24 @@ def _record(error_dir: str | None, exc: BaseException) -> None:
         return
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    if _stopping and isinstance(exc, SystemExit) and _signal_name(exc.code):  # _exit_on_signal's
+        text = f"{STOPPED_BY}{_signal_name(exc.code)}"
     # Whole or not at all: the launcher reads it while it stops the other ranks, this one among
     # them, and once read an empty file, written by a rank stopped between opening and writing.
     part = path.with_name(path.name + ".part")
     part.write_text(f"{time.time()!r}\t{text}")
     os.replace(part, path)
+
+
+STOPPED_BY = "stopped by "  # a rank's record of the stop signal that ended it: "stopped by SIGTERM"
+
+
+def _signal_name(code: Any) -> str | None:
+    """SIGTERM for the exit code 143 of a stopped process; None for any other code."""
+    try:
+        return signal.Signals(int(code) - 128).name
+    except (TypeError, ValueError):
+        return None
 
 
 def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]:
@@ -354,9 +396,12 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
             if not _stopping:
                 raise
             raise Interrupted(int(exc.code) - 128) from None  # for the CLI to say so in one line
-        except dist.DistError as exc:  # most often variables left from another job's launcher
-            where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        except dist.DistError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if _joined:  # a peer lost, NCCL's error: not a failure to join
+                raise RankFailed(rank, f"{type(exc).__name__}: {first}") from None
+            # most often variables left from another job's launcher
+            where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
             raise RankFailed(
                 rank,
                 f"could not join the group of WORLD_SIZE={external_world_size()} at {where} "
@@ -415,11 +460,13 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
                     if lost:  # the ranks were ended by that stop
                         raise Interrupted(lost[0]) from None
                     failure = _first_failure(exc, error_dir)
-                    if forked and starter.server_gone():
+                    if forked and starter.server_gone():  # its ranks get SIGINT (torch's PDEATHSIG)
                         gone = "the fork server that started the ranks had ended"
                         failure = RankFailed(
                             failure.rank, f"{failure.detail} ({gone})", bad_input=failure.bad_input
                         )
+                    elif failure.detail.startswith(STOPPED_BY):  # a stop sent to a rank alone
+                        raise Interrupted(signal.Signals[failure.detail[len(STOPPED_BY) :]]) from None
                     raise failure from None
     except SignalException as exc:  # the agent has stopped the ranks before raising this
         raise Interrupted(int(exc.sigval)) from None
