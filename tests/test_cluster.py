@@ -764,3 +764,30 @@ def test_the_cluster_record_is_appended_after_a_line_cut_short(tmp_path, monkeyp
     assert [h["tx_bytes"] for h in run.clusters[0]["hosts"]] == [1000, 2000]
     err = capsys.readouterr().err.splitlines()  # the reading of the records notes the cut line
     assert len(err) == (tail == "cut") and all(f"{out}: the last line is cut short" in line for line in err)
+
+
+def test_a_stop_while_the_scratch_directory_is_removed_neither_cuts_it_short_nor_fails_the_run(
+    tmp_path, monkeypatch
+):
+    """A stop during the removal raised the cluster's Interrupted inside it: part of the directory
+    (hosts' logs, torchelastic's) stayed, and a run whose report was out ended as interrupted."""
+    from commbench.bench import signals
+    from commbench.bench.launch import Interrupted
+
+    real = shutil.rmtree
+
+    def stopped_midway(path, ignore_errors=False):
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, before the removal
+        real(path, ignore_errors=ignore_errors)
+
+    def raise_stop(signum, frame):
+        raise Interrupted(signum)
+
+    monkeypatch.setattr(cluster.shutil, "rmtree", stopped_midway)
+    with signals.handled(signals.STOPS, raise_stop):  # as the cluster's run has them
+        with cluster._scratch("commbench-cluster-test-", str(tmp_path)) as work:
+            Path(work, "host0.log").write_text("done")
+        with pytest.raises(Interrupted), cluster._scratch("commbench-cluster-test-", str(tmp_path)):
+            os.kill(os.getpid(), signal.SIGTERM)  # a stop during the run still ends it
+            time.sleep(5)
+    assert list(tmp_path.iterdir()) == []

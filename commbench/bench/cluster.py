@@ -10,6 +10,7 @@ cost model says the run moves; everything built is removed when the run ends, ho
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,10 +209,7 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
 
     # From the scratch directory on, a stop signal unwinds (run_hosts has handlers of its own
     # while the cluster stands): the directory was left behind by one that came outside them.
-    with (
-        signals.handled(signals.STOPS, on_signal),
-        tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as work,
-    ):
+    with signals.handled(signals.STOPS, on_signal), _scratch(f"{SCRATCH_PREFIX}{os.getpid()}-") as work:
         json_path = getattr(inner, "json", None)
         argv = list(config.inner)
         # The report, and the check for wrong results, need the records (the last --json counts).
@@ -243,6 +241,19 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
         print(f"commbench: {wrong}", file=sys.stderr)
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def _scratch(prefix: str, folder: str | None = None) -> Iterator[str]:
+    """A temporary directory, removed on the way out with the stop signals noted, not acted on: a
+    stop that came while it was removed cut the removal short, and left part of it behind (and a
+    run whose report was out ended as interrupted)."""
+    work = tempfile.mkdtemp(prefix=prefix, dir=folder)
+    try:
+        yield work
+    finally:
+        with signals.noted(signals.STOPS):
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def check_inner(inner: argparse.Namespace, hosts: int) -> None:
