@@ -23,9 +23,12 @@ def run(argv: list[str] | None = None) -> int:
     code = main(argv)
     from commbench.bench import signals  # loaded by main already
 
-    if code in (128 + s for s in signals.STOPS):  # interrupted: the exit's teardown puts the default
-        for signum in signals.STOPS:  # actions back, and a second Ctrl-C there ended the process
-            signal.signal(signum, signal.SIG_IGN)  # killed by SIGINT, not with 130
+    # The command is over and its files are written. A Ctrl-C in the exit's teardown (torch's, about
+    # a second) printed "Exception ignored in atexit callback ... KeyboardInterrupt" after a
+    # finished run, and, where Python has put the default actions back in place of its handlers,
+    # ended the process killed by SIGINT instead of with its code (130 for an interrupted run).
+    for signum in signals.STOPS:
+        signal.signal(signum, signal.SIG_IGN)
     return code
 
 
