@@ -45,13 +45,23 @@ needs_privileges = pytest.mark.skipif(PRIVILEGED is not None, reason=f"cluster: 
 
 @pytest.mark.parametrize(
     "text, bits",
-    [("1gbit", 10**9), ("100mbit", 10**8), ("2.5Gbit", 25 * 10**8), ("64kbit", 64000), ("9000bit", 9000)],
+    [
+        ("1gbit", 10**9),
+        ("100mbit", 10**8),
+        ("2.5Gbit", 25 * 10**8),
+        ("64kbit", 64000),
+        ("9000bit", 9000),
+        ("1tbit", 10**12),
+    ],
 )
 def test_parse_rate(text, bits):
     assert netns.parse_rate(text) == bits
 
 
-@pytest.mark.parametrize("text", ["1gbps", "fast", "1", "-1gbit", "1 gigabit", "1kbit"])
+# "1.1tbit": tc's bucket holds nothing; 1e320 bit: a float's infinity (a traceback, exit 1)
+@pytest.mark.parametrize(
+    "text", ["1gbps", "fast", "1", "-1gbit", "1 gigabit", "1kbit", "1.1tbit", "1" + "0" * 320 + "bit"]
+)
 def test_parse_rate_rejects(text):
     with pytest.raises(ValueError):
         netns.parse_rate(text)
@@ -214,6 +224,7 @@ def test_a_failed_build_step_is_one_line_and_exit_3(monkeypatch, capsys):
         # argparse checked --hosts, which the unknown option's run of tokens swallowed, first.
         (["--bandwidth", "1gbit", "--hosts", "2", "sweep"], "unrecognized arguments: --bandwidth"),
         (["--hosts", "2", "--rate", "1gbps", "--", "sweep"], "--rate '1gbps': bad rate"),
+        (["--hosts", "2", "--rate", "1" + "0" * 320 + "bit", "--", "sweep"], "is above 1tbit"),
         (["--hosts", "2", "--", "sweep", "--world-size", "4"], "--world-size is set by the cluster"),
         (["--hosts", "2", "--", "sweep", "--world-size=4"], "--world-size is set by the cluster"),
         (["--hosts", "2", "--", "sweep", "--world", "3"], "--world-size is set by the cluster"),
@@ -791,3 +802,22 @@ def test_a_stop_while_the_scratch_directory_is_removed_neither_cuts_it_short_nor
             os.kill(os.getpid(), signal.SIGTERM)  # a stop during the run still ends it
             time.sleep(5)
     assert list(tmp_path.iterdir()) == []
+
+
+@needs_privileges
+def test_links_under_ipv6s_smallest_mtu_are_built():
+    """An MTU under 1280 takes IPv6 off a link, and the build then set an IPv6 setting on it (its
+    address generation): --mtu 576 to 1279, which the checks take, failed with exit 3."""
+    topo = Topology(hosts=1, owner=os.getpid())
+    try:
+        netns.create(topo, Shaping(mtu=576))
+        shown = subprocess.run(
+            ["ip", "-n", topo.namespace(0), "-j", "link", "show", netns.NIC],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        assert json.loads(shown.stdout)[0]["mtu"] == 576
+    finally:
+        assert netns.destroy(netns.owned(netns.namespaces(), os.getpid())) == []

@@ -11,6 +11,7 @@ seen from the wire (port rx = host tx).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -30,6 +31,9 @@ MAX_HOSTS = 100
 RDZV_PORT = 29400
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 _NAME = re.compile(rf"^{PREFIX}-(\d+)-(sw|h\d+)$")
+# Above about 1.07 Tbit/s tc's token bucket, kept as the time the burst takes at the rate, rounds
+# to nothing ("rate 2Tbit burst 0b"): the link would be shaped to nothing like the rate asked for.
+MAX_RATE_BIT = 10**12
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _TIME_UNITS = {"s": 1e6, "ms": 1e3, "us": 1.0}
 
@@ -39,7 +43,10 @@ def parse_rate(text: str) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?bit)\s*", text.lower())
     if not m:
         raise ValueError(f"bad rate {text!r}; use a number with bit, kbit, mbit, gbit or tbit (e.g. 1gbit)")
-    bits = round(float(m.group(1)) * _RATE_UNITS[m.group(2)])
+    value = float(m.group(1)) * _RATE_UNITS[m.group(2)]
+    if not math.isfinite(value) or value > MAX_RATE_BIT:
+        raise ValueError(f"rate {text!r} is above 1tbit, beyond which tc's token bucket holds nothing")
+    bits = round(value)
     if bits < 8000:
         raise ValueError(f"rate {text!r} is below 8kbit")
     return bits
@@ -318,10 +325,11 @@ def create(topo: Topology, shaping: Shaping) -> None:
         ns, port = topo.namespace(i), topo.port(i)
         _run(["ip", "netns", "add", ns])
         _run(["ip", "link", "add", NIC, "netns", ns, "type", "veth", "peer", "name", port, "netns", sw])
-        _run(["ip", "-n", ns, "link", "set", NIC, "mtu", str(shaping.mtu)])
-        _run(["ip", "-n", sw, "link", "set", port, "mtu", str(shaping.mtu)])
+        # addrgenmode is an IPv6 setting, which an MTU under 1280 takes away: it goes first
         _run(["ip", "-n", sw, "link", "set", port, "addrgenmode", "none", "master", BRIDGE])
         _run(["ip", "-n", ns, "link", "set", NIC, "addrgenmode", "none"])
+        _run(["ip", "-n", ns, "link", "set", NIC, "mtu", str(shaping.mtu)])
+        _run(["ip", "-n", sw, "link", "set", port, "mtu", str(shaping.mtu)])
         _run(["ip", "-n", ns, "addr", "add", f"{topo.address(i)}/{prefix}", "dev", NIC])
         for dev_ns, dev in ((ns, NIC), (sw, port)):
             for args in shaping.qdisc_args():
