@@ -115,7 +115,9 @@ def add_parser(sub: Any) -> None:
     # Required, but checked in config_from_args: argparse checks required options before it reports
     # unknown ones, so an unknown option before --hosts was reported as --hosts missing.
     p.add_argument("--hosts", type=int, default=None, help="hosts, one rank each (required)")
-    p.add_argument("--rate", default="1gbit", help="link rate each way, tc style: 100mbit, 1gbit (default)")
+    p.add_argument(
+        "--rate", default="1gbit", help="link rate each way: 100mbit, 1gbit (default), up to 1tbit"
+    )
     p.add_argument(
         "--burst",
         default=None,
