@@ -91,6 +91,14 @@ def test_stats():
         ({"collective": "alltoall"}, "unknown collective"),
         ({"algorithms": ("ring", "bogus")}, "unknown algorithm 'bogus'"),
         ({"algorithms": ("ring", "ring")}, "twice"),
+        # one series written two ways ran twice, as two rows
+        ({"algorithms": ("ring@2M", "ring@2048K")}, "ring@2M and ring@2048K are one series"),
+        ({"algorithms": ("ring", "ring@16M")}, "ring and ring@16M are one series"),
+        ({"algorithms": ("auto@16M", "auto@16384K")}, "are one series"),
+        # an op that the collective does not use, mistyped, ran the whole sweep
+        ({"collective": "all_gather", "op": "foo"}, "unknown op 'foo'"),
+        ({"collective": "broadcast", "op": "bogus"}, "unknown op 'bogus'"),
+        ({"collective": "sendrecv", "algorithms": ("p2p",), "op": "xor"}, "unknown op 'xor'"),
         ({"algorithms": ()}, "no algorithms"),
         ({"dtype": "complex64"}, "unknown dtype"),
         ({"op": "xor"}, "unknown op"),
@@ -117,6 +125,13 @@ def test_stats():
 def test_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SweepConfig(**kwargs)
+
+
+def test_series_of_different_segments_and_ops_of_every_name_are_taken():
+    series = ("ring", "ring@2M", "ring@4M", "auto", "auto@2M")
+    assert SweepConfig(algorithms=series).algorithms == series
+    for op in OPS:
+        assert SweepConfig(collective="all_gather", op=op).op == op
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ from commbench.bench.collectives import (
 )
 from commbench.bench.records import RecordWriter, SweepRecord, check_distinct, say
 from commbench.comm.costmodel import cost, scratch_bytes
-from commbench.comm.ops import check_op, parse_dtype
+from commbench.comm.ops import OPS, check_op, parse_dtype
 from commbench.comm.ring import SEGMENT_BYTES
 from commbench.units import amount
 
@@ -74,6 +74,7 @@ class SweepConfig:
         if not self.algorithms:
             raise ValueError("no algorithms given")
         accepted, segmented = algorithms_for(self.collective), segmented_for(self.collective)
+        seen: dict[tuple[str, int | None], str] = {}
         for a in self.algorithms:
             algorithm, segment = series_parts(a)
             if algorithm not in accepted:
@@ -85,8 +86,14 @@ class SweepConfig:
                 raise ValueError(
                     f"{a!r}: a segment size (@SIZE) applies to {', '.join(segmented)}, not {algorithm}"
                 )
-        if len(set(self.algorithms)) != len(self.algorithms):
-            raise ValueError(f"algorithm listed twice in {','.join(self.algorithms)}")
+            # one series however written: ring@2M and ring@2048K, ring and ring@16M (its default)
+            same = (algorithm, SEGMENT_BYTES if segment is None and algorithm in comm.SEGMENTED else segment)
+            if same in seen:
+                listed = ",".join(self.algorithms)
+                if seen[same] == a:
+                    raise ValueError(f"algorithm listed twice in {listed}")
+                raise ValueError(f"{seen[same]} and {a} are one series (the same segment) in {listed}")
+            seen[same] = a
         if self.min_bytes <= 0 or self.max_bytes <= 0:
             raise ValueError(f"sizes must be > 0 bytes, got {self.min_bytes} and {self.max_bytes}")
         if self.min_bytes > self.max_bytes:
@@ -113,6 +120,8 @@ class SweepConfig:
         dtype = parse_dtype(self.dtype)
         if SPECS[self.collective].needs_op:
             check_op(self.op, dtype)
+        elif self.op not in OPS:  # not used, but a mistyped op ran the whole sweep without a word
+            raise ValueError(f"unknown op {self.op!r}; choose from {', '.join(OPS)}")
         if self.root < 0:
             raise ValueError(f"root must be >= 0, got {self.root}")
         if len(sizes(self)) > MAX_SIZES:
