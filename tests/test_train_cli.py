@@ -4,6 +4,7 @@ table, the records the issue names, and the plots."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,8 @@ SUMMARY_KEYS = (
         # Each rank failed on its own with exit 1 ("DefaultCPUAllocator: can't allocate memory").
         (["compare", "--samples", "1000000000000"], "1000000000000 training samples are more than this host"),
         (["train", "--samples", str(1 << 30), "--replicate", str(1 << 20)], "lower --samples or --replicate"),
+        # Each rank failed on its own with exit 1 (a 40 GB allocation refused, or the OOM killer).
+        (["train", "--model-opt", "widths=100000,100000"], "the model's parameters are 37.5 GiB"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv: list[str], needle: str) -> None:
@@ -85,6 +88,24 @@ def test_the_index_memory_refusal_counts_every_rank_on_the_host() -> None:
     assert (
         refusal is not None and "for 4 ranks here" in refusal and f"about {INDEX_BYTES} B a sample" in refusal
     )
+
+
+def test_the_model_memory_refusal_counts_every_rank_and_what_each_holds() -> None:
+    from commbench.trainers.loop import (
+        MODEL_COPIES_ON_CPU,
+        TrainConfig,
+        model_memory_refusal,
+        parameter_bytes,
+    )
+
+    assert model_memory_refusal(1000, 4, 1000 * MODEL_COPIES_ON_CPU * 4, "cpu") is None
+    refusal = model_memory_refusal(1000, 4, 1000 * MODEL_COPIES_ON_CPU * 4 - 1, "cpu")
+    assert refusal is not None and "for 4 ranks here" in refusal and "momentum" in refusal
+    assert model_memory_refusal(1000, 4, 1000 * 4, "cuda") is None  # built on the host, then moved
+    assert "built on the host" in model_memory_refusal(1000, 4, 1000 * 4 - 1, "cuda")
+    config = TrainConfig(model="mlp", model_options=(("widths", [7]),))
+    inputs = math.prod(config.input_shape())
+    assert parameter_bytes(config) == 4 * ((inputs + 1) * 7 + (7 + 1) * 10)
 
 
 def test_a_global_batch_is_split_over_the_ranks(tmp_path) -> None:

@@ -277,7 +277,9 @@ def check_inner(inner: argparse.Namespace, hosts: int) -> None:
 
         config = train.train_config(inner)
         train.check_launch(config, hosts, inner.device)
-        train.check_data(config, ranks_here=hosts)  # every host's rank lives in this machine's memory
+        train.check_data(
+            config, ranks_here=hosts, device=inner.device
+        )  # every host's rank lives in this machine's memory
     if inner.command == "sweep":  # every host's rank lives in this machine's memory
         cli.check_sweep(cli.sweep_config(inner), spec, local=hosts)
 

@@ -344,19 +344,20 @@ def cmd_train(config: Any, spec: Any, command: str | None = None, name: str = "t
 
     check_launch(config, spec.world_size, spec.device)
     check_outputs(json=config.json_path, plot=config.plot_path, writes=launch.writes_outputs())
-    check_data(config, launch.local_ranks() if launched_externally() else spec.world_size)
+    check_data(config, launch.local_ranks() if launched_externally() else spec.world_size, spec.device)
     launch.run(_train_rank, (config, spec.device, command, name), spec)
     return 0
 
 
-def check_data(config: Any, ranks_here: int) -> None:
+def check_data(config: Any, ranks_here: int, device: str = "cpu") -> None:
     """What every rank would refuse on its own, said once before any starts (ValueError): a real
-    dataset's missing or malformed files, and a training set that ``ranks_here`` ranks on this
-    machine could not index (see :func:`~commbench.trainers.loop.index_memory_refusal`)."""
+    dataset's missing or malformed files, a training set that ``ranks_here`` ranks on this
+    machine could not index, and a model they could not hold training on ``device`` (see
+    :func:`~commbench.trainers.loop.index_memory_refusal` and ``model_memory_refusal``)."""
     import psutil
 
     from commbench.trainers.data import DatasetConfig, build_dataset, split_size
-    from commbench.trainers.loop import index_memory_refusal
+    from commbench.trainers.loop import index_memory_refusal, model_memory_refusal, parameter_bytes
 
     if config.dataset != "synthetic":
         # as the ranks build them: the training set at its --samples, and the held-out set they evaluate on
@@ -370,7 +371,11 @@ def check_data(config: Any, ranks_here: int) -> None:
         samples = split_size(
             DatasetConfig(name="synthetic", train=True, input_shape=shape, num_samples=config.samples)
         )
-    refusal = index_memory_refusal(samples * config.replicate, ranks_here, psutil.virtual_memory().total)
+    memory = psutil.virtual_memory().total
+    refusal = index_memory_refusal(samples * config.replicate, ranks_here, memory)
+    param_bytes = parameter_bytes(config)
+    if refusal is None and param_bytes is not None:
+        refusal = model_memory_refusal(param_bytes, ranks_here, memory, device)
     if refusal is not None:
         raise ValueError(refusal)
 

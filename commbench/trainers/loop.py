@@ -606,6 +606,44 @@ def index_memory_refusal(samples: int, ranks: int, memory_bytes: int) -> str | N
     )
 
 
+# Copies of the parameters a rank holds in host memory training on the CPU: the parameters, their
+# gradients, SGD's momentum and the sync's flat buffers (one on a GPU: the model is built on the
+# host before it moves).
+MODEL_COPIES_ON_CPU = 4
+
+
+def parameter_bytes(config: TrainConfig) -> int | None:
+    """Bytes of the model's parameters, built on the meta device (nothing allocated); None where it
+    cannot be built so (the ranks then say why, building it for real)."""
+    from commbench.trainers.models import build_model
+
+    options = {**dict(config.model_options), "input_shape": config.input_shape()}
+    options.pop("weights", None)  # a file the meta device has no memory to load into
+    try:
+        with torch.device("meta"):
+            model = build_model(config.model, **options)
+    except (ValueError, TypeError, RuntimeError, NotImplementedError):
+        return None
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def model_memory_refusal(param_bytes: int, ranks: int, memory_bytes: int, device: str) -> str | None:
+    """Why ``ranks`` ranks on one host cannot hold a model of ``param_bytes`` in ``memory_bytes``
+    (training on ``device``), or None where they can (a model of 40 GB failed in every rank)."""
+    from commbench.units import amount, rank_count
+
+    copies = MODEL_COPIES_ON_CPU if device == "cpu" else 1
+    need = param_bytes * copies * ranks
+    if need <= memory_bytes:
+        return None
+    held = "with their gradients, momentum and sync buffers, " if copies > 1 else "built on the host, "
+    return (
+        f"the model's parameters are {amount(param_bytes)}: {held}about {amount(need)} for "
+        f"{rank_count(ranks)} here, where the host has {amount(memory_bytes)} of memory (choose a "
+        "smaller model or --model-opt)"
+    )
+
+
 def _loaders(
     config: TrainConfig, train: Dataset, batch_size: int, world: int, rank: int
 ) -> tuple[DataLoader, DataLoader | None, DistributedSampler]:
