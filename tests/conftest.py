@@ -9,12 +9,21 @@ from tests.world import worlds_of
 
 
 def pytest_configure(config):
-    """The Ctrl-C tests send SIGINT to commbench processes they start. A suite started with SIGINT
-    ignored (``make test &`` from a script) would pass that on to them, and Python leaves an
-    inherited SIG_IGN in place: give the suite Python's own handler, which its children do not
-    inherit, so they start as from a terminal."""
+    """The stop tests send SIGINT, SIGTERM and SIGHUP to commbench processes they start, and to
+    commbench's code in this one. A suite started with one ignored (``make test &`` from a script
+    ignores SIGINT, ``nohup make test`` SIGHUP) would pass that on to them, and commbench keeps an
+    inherited ignore (a stop the user asked to ignore). Give the suite a Python handler instead,
+    which its children do not inherit, so they start as from a terminal: Python's own for SIGINT,
+    and for the others one that lets this process go on, as its starter meant."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            signal.signal(signum, _go_on)
+
+
+def _go_on(signum, frame):
+    pass
 
 
 @pytest.fixture(scope="session")
