@@ -876,6 +876,20 @@ def _rank_one_is_stopped() -> None:
     dist.recv(torch.empty(1), src=1)
 
 
+def _rank_one_aborts() -> None:
+    if dist.get_rank() == 1:
+        time.sleep(1.0)
+        os.abort()  # as NCCL's watchdog ends a rank
+    time.sleep(30)
+
+
+def test_a_rank_that_aborts_is_the_failure_not_the_peers_the_launcher_then_stops():
+    """Its peers, stopped by the agent's SIGTERM, record "stopped by SIGTERM": ranked with the
+    raised errors, the earliest of them hid the abort and the run ended as interrupted."""
+    with pytest.raises(RankFailed, match="rank 1 failed: killed by SIGABRT"):
+        run(_rank_one_aborts, (), LaunchSpec(world_size=2, timeout_s=30))
+
+
 def test_a_rank_stopped_alone_ends_the_run_as_interrupted():
     """A stop sent to one rank was reported as that rank's failure, "SystemExit: 143", exit 1."""
     with pytest.raises(launch.Interrupted) as caught:

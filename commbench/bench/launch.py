@@ -658,14 +658,18 @@ def _first_failure(exc: Any, error_dir: str) -> RankFailed:
     # peers' recorded errors are then "connection closed". Next come ranks that raised, earliest
     # first, then ranks aborted (SIGABRT, as NCCL's watchdog does to peers) or stopped by the
     # launcher or the user. The launcher's timestamps are detection times, so they cannot order
-    # a death against a raise.
+    # a death against a raise. Last come ranks that recorded the stop signal that ended them (the
+    # agent stops the others when one dies); but where every rank that failed left a record and
+    # the earliest is such a stop, a signal was sent to that rank alone: it is the failure
+    # returned, and the run was interrupted.
     found = []  # (class, time, rank, text)
     recorded = set()
     for path in Path(error_dir).glob("rank*.err"):
         stamp, _, text = path.read_text().partition("\t")
         rank = path.stem[4:]
         try:
-            found.append((1, float(stamp), int(rank) if rank.isdigit() else -1, text))
+            kind = 3 if text.startswith(STOPPED_BY) else 1
+            found.append((kind, float(stamp), int(rank) if rank.isdigit() else -1, text))
         except ValueError:  # not a record this launcher's ranks write: go by the exit status
             continue
         recorded.add(rank)
@@ -680,5 +684,9 @@ def _first_failure(exc: Any, error_dir: str) -> RankFailed:
     found.sort()
     if not found:
         return RankFailed(-1, str(exc))
+    records = sorted((stamp, rank, text) for kind, stamp, rank, text in found if kind in (1, 3))
+    if len(records) == len(found) and records[0][2].startswith(STOPPED_BY):
+        _, rank, text = records[0]
+        return RankFailed(rank, text)
     _, _, rank, text = found[0]
     return RankFailed(rank, text)
