@@ -361,8 +361,8 @@ def _record(error_dir: str | None, exc: BaseException) -> None:
         return
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-    if _stopping and isinstance(exc, SystemExit) and _signal_name(exc.code):  # _exit_on_signal's
-        text = f"{STOPPED_BY}{_signal_name(exc.code)}"
+    if _stopping and isinstance(exc, SystemExit) and (name := _signal_name(exc.code)):  # _exit_on_signal's
+        text = f"{STOPPED_BY}{name}"
     # Whole or not at all: the launcher reads it while it stops the other ranks, this one among
     # them, and once read an empty file, written by a rank stopped between opening and writing.
     part = path.with_name(path.name + ".part")
@@ -427,9 +427,10 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
     forked = method == starter.START_METHOD
     check_local_ranks(spec.world_size)
     lost: list[int] = []  # stops whose exception a finaliser dropped
-    ignored = tuple(s for s in signals.STOPS if signal.getsignal(s) == signal.SIG_IGN)  # nohup's
+    # nohup's SIGHUP, a background job's SIGINT: left ignored by the launcher and by its ranks
+    ignored = {s for s in {*signals.STOPS, *_agent_signals()} if signal.getsignal(s) == signal.SIG_IGN}
     try:
-        with _stops_raise(SignalException) as rearm:
+        with _stops_raise(SignalException, ignored) as rearm:
             if forked:  # first: the scratch directory goes beside the server's socket
                 starter.ready(spec.timeout_s)
             with _scratch_dir(starter.scratch_place() if forked else None) as error_dir:
@@ -454,7 +455,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
                     with _stops_in_finalisers(SignalException, lost, rearm):
                         launcher = os.getpid()
                         results = elastic_launch(config, _rank_main)(
-                            fn, args, spec, error_dir, change, launcher, ignored
+                            fn, args, spec, error_dir, change, launcher, tuple(ignored & set(signals.STOPS))
                         )
                 except ChildFailedError as exc:
                     if lost:  # the ranks were ended by that stop
@@ -478,7 +479,9 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
 
 
 @contextlib.contextmanager
-def _stops_raise(raised: Callable[[str, signal.Signals], BaseException]) -> Iterator[Callable[[], None]]:
+def _stops_raise(
+    raised: Callable[[str, signal.Signals], BaseException], ignored: set[int]
+) -> Iterator[Callable[[], None]]:
     """From the start of a launch, the stop signals raise ``raised`` (msg, signal), as the agent's
     own handler does once it starts the ranks, and the first makes the others, and any that
     follow, do nothing (:func:`commbench.bench.signals.ignore_further`); the handlers from before
@@ -496,9 +499,8 @@ def _stops_raise(raised: Callable[[str, signal.Signals], BaseException]) -> Iter
     """
     taken = _agent_signals()
     quieted: dict[int, Any] = {}
-    # The agent sets its handler for each signal it takes over, one inherited as ignored (nohup's
-    # SIGHUP, a background job's SIGINT) too: that handler is this one, which lets those be.
-    ignored = {s for s in {*signals.STOPS, *taken} if signal.getsignal(s) == signal.SIG_IGN}
+    # The agent sets its handler for each signal it takes over, those inherited as ignored
+    # (``ignored``) too: that handler is this one, which lets those be.
 
     def stop(signum: int, frame: Any) -> None:
         if signum in ignored:
