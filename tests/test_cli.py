@@ -1379,13 +1379,22 @@ def test_a_local_world_too_big_to_start_is_refused_before_the_sweep_is_sized(mon
             {"SLURM_PROCID": "3", "SLURM_NTASKS": "2", "MASTER_ADDR": "127.0.0.1"},
             "$SLURM_PROCID=3 from the launcher is not a rank of $SLURM_NTASKS=2",
         ),
+        (
+            {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "abc"},
+            "$MASTER_PORT='abc' from the launcher is not a TCP port (1 to 65535)",
+        ),
+        (
+            {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "70000"},
+            "$MASTER_PORT='70000' from the launcher is not a TCP port (1 to 65535)",
+        ),
     ],
 )
 def test_a_launcher_s_rank_outside_its_world_is_one_line_and_exit_2(monkeypatch, capsys, env, message):
-    """RANK=5 of 2 failed inside gloo with a traceback, and its peers waited out the timeout."""
+    """RANK=5 of 2 failed inside gloo with a traceback, and its peers waited out the timeout;
+    MASTER_PORT=abc failed in torch with "invalid literal for int()", naming no variable."""
     from commbench.bench import launch
 
-    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR"):
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

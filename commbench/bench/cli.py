@@ -278,7 +278,8 @@ def check_gpus_for_nccl(local: int) -> None:
 def external_rank_and_world() -> tuple[int, int]:
     """(rank, world size) that torchrun (RANK, WORLD_SIZE) or SLURM (SLURM_PROCID, SLURM_NTASKS)
     gave this process; ValueError naming the variable where one is not a rank of the world (a rank
-    out of range failed deep in gloo with a traceback, or waited out the timeout)."""
+    out of range failed deep in gloo with a traceback, or waited out the timeout), or where
+    $MASTER_PORT is not a port (torch's "invalid literal for int()" named no variable)."""
     import os
 
     env = os.environ
@@ -296,6 +297,9 @@ def external_rank_and_world() -> tuple[int, int]:
         raise ValueError(f"${names[1]}={world} from the launcher: a world needs at least one rank")
     if not 0 <= rank < world:
         raise ValueError(f"${names[0]}={rank} from the launcher is not a rank of ${names[1]}={world}")
+    port = env.get("MASTER_PORT")  # SLURM's jobs may leave it unset: the launch then picks one
+    if port is not None and not (port.strip().isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"$MASTER_PORT={port!r} from the launcher is not a TCP port (1 to 65535)")
     return rank, world
 
 
