@@ -13,6 +13,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # As pytest run by torchrun sees; the benchmark world's ranks are its own, not that job's (before,
 # they waited 120 s for a group at MASTER_ADDR, then failed).
@@ -42,6 +44,7 @@ def test_benchmark_suite_smoke():
     assert "passed" in out.stdout.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_a_failed_benchmark_leaves_the_next_one_running(tmp_path):
     """Rank 0 failing between calls once left the other ranks repeating that benchmark, and the next
     one met its calls (a hang, then "Connection closed by peer"; in gloo, an abort of the pytest
@@ -77,11 +80,11 @@ def test_a_failed_benchmark_leaves_the_next_one_running(tmp_path):
     assert names == {"test_runs_after_a_failure_between_calls"}, names
 
 
-def test_a_world_below_two_ranks_is_refused_in_one_line():
+@pytest.mark.parametrize("world", ["1", pytest.param("two", marks=pytest.mark.slow)])
+def test_a_world_below_two_ranks_is_refused_in_one_line(world):
     """Before, every benchmark errored with the launcher's 'world size must be >= 1, got 0'."""
-    for world in ("1", "two"):
-        out = _pytest(SUITE, {"COMMBENCH_BENCH_WORLD": world}, timeout=120)
-        assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
-        assert "COMMBENCH_BENCH_WORLD must be a whole number of ranks >= 2" in out.stdout
-        assert f"got {world!r}" in out.stdout
-        assert "Traceback" not in out.stdout + out.stderr
+    out = _pytest(SUITE, {"COMMBENCH_BENCH_WORLD": world}, timeout=120)
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "COMMBENCH_BENCH_WORLD must be a whole number of ranks >= 2" in out.stdout
+    assert f"got {world!r}" in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr

@@ -230,8 +230,8 @@ def test_sweep_writes_table_json_csv_and_plot(recorded_sweep, monkeypatch):
     assert timeline.read_bytes()[:4] == b"\x89PNG"
 
 
-# SIGHUP takes Ctrl-C's path through the launcher (the SIGHUP variants of test_launch and
-# test_profile stay in `make test`): under `make test-slow`, to keep `make test` within ten minutes
+# SIGHUP takes Ctrl-C's path through the launcher (the SIGHUP variants of test_launch stay in
+# `make test`): under `make test-slow`, to keep `make test` within ten minutes
 @pytest.mark.parametrize(
     "sig",
     [signal.SIGINT, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)],
@@ -524,23 +524,9 @@ def test_summary_across_one_real_sweep_twice(recorded_sweep, capsys):
     assert "| 2097152 |" in out and "ring / builtin" in out and " of 2) |" in out
 
 
-def test_sendrecv_defaults_to_its_only_algorithm(tmp_path):
-    out = recorded.commbench(
-        [
-            "sweep",
-            "--collective",
-            "sendrecv",
-            "-b",
-            "4K",
-            "-e",
-            "4K",
-            *SMALL,
-            "--no-probe",
-            "--json",
-            str(tmp_path / "r.jsonl"),
-        ]
-    )
-    assert out.returncode == 0, out.stderr
+def test_sendrecv_defaults_to_its_only_algorithm(tmp_path, capsys):
+    argv = ["sweep", "--collective", "sendrecv", "-b", "4K", "-e", "4K", *SMALL, "--no-probe", "-q"]
+    assert main([*argv, "--json", str(tmp_path / "r.jsonl")]) == 0, capsys.readouterr().err
     lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()[1:]]
     records = [r for r in lines if r["type"] == "sweep"]
     assert records == lines  # --no-probe: no timeline record, and no counted bytes
@@ -556,12 +542,11 @@ def test_summary_names_a_file_that_is_not_text(tmp_path, capsys):
     assert f"{path} is not JSON Lines: not UTF-8 text" in err and err.count("\n") == 1
 
 
-def test_one_rank_sweep_has_no_ratio_to_a_busbw_of_zero(tmp_path):
+def test_one_rank_sweep_has_no_ratio_to_a_busbw_of_zero(tmp_path, capsys):
     """At one rank the bus factor of all_reduce is 0, so every busbw is 0: no ratio, no crash."""
     path = tmp_path / "r.jsonl"
     argv = ["sweep", "-b", "4K", "-e", "4K", "--world-size", "1", "-n", "1", "-w", "0", "--no-probe"]
-    out = recorded.commbench([*argv, "--json", str(path)])
-    assert out.returncode == 0, out.stderr
+    assert main([*argv, "--json", str(path)]) == 0, capsys.readouterr().err
     records = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "sweep"]
     assert {r["algorithm"] for r in records} >= {"builtin", "naive", "ring", "p2p"}
     for r in records:
@@ -569,7 +554,11 @@ def test_one_rank_sweep_has_no_ratio_to_a_busbw_of_zero(tmp_path):
             assert r["busbw_gbps"] == 0 and r["busbw_ratio_to_builtin"] is None and r["wrong"] == 0, r
 
 
-@pytest.mark.parametrize("ignored", [False, True], ids=["ctrl-c", "ctrl-c-ignored-by-the-caller"])
+@pytest.mark.parametrize(
+    "ignored",
+    [False, pytest.param(True, marks=pytest.mark.slow)],
+    ids=["ctrl-c", "ctrl-c-ignored-by-the-caller"],
+)
 def test_ctrl_c_while_torch_loads_is_one_line_and_exit_130(ignored):
     """The signal waits for the import (a KeyboardInterrupt inside it can abort in C++); a caller
     that started us with Ctrl-C ignored (``cmd &`` in a script) keeps it ignored."""
@@ -625,7 +614,11 @@ def test_ctrl_c_before_the_cli_handles_signals_is_one_line_and_exit_130(module):
     assert (done.returncode, done.stderr) == (130, "commbench: interrupted\n")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["closed-terminal", "term"])
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGHUP, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+    ids=["closed-terminal", "term"],
+)
 def test_a_stop_while_the_cli_imports_torch_is_one_line_and_its_exit_code(sig):
     """A closed terminal's SIGHUP while the launcher's module (and torch) loaded ended the command
     silently (exit 129, no line); it now waits for the import, as Ctrl-C and SIGTERM do."""
@@ -640,7 +633,11 @@ def test_a_stop_while_the_cli_imports_torch_is_one_line_and_its_exit_code(sig):
     assert (done.returncode, done.stderr) == (128 + sig, "commbench: interrupted\n")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["closed-terminal", "term"])
+@pytest.mark.parametrize(
+    "sig",
+    [pytest.param(signal.SIGHUP, marks=pytest.mark.slow), signal.SIGTERM],
+    ids=["closed-terminal", "term"],
+)
 def test_a_stop_between_the_launchers_import_and_the_launch_is_one_line_and_its_exit_code(sig, tmp_path):
     """--plot's check imports matplotlib after the launcher's module and before the launch: a
     SIGTERM or SIGHUP there took its default action, exit 143 or 129 with no line."""
@@ -749,6 +746,7 @@ def test_the_rank_server_starts_early_only_for_commands_that_start_ranks(monkeyp
     assert calls == ([1] if starts else [])
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_rank_server_loads_torch_is_one_line(tmp_path):
     """The fork server that starts the ranks imports torch beside the CLI; a Ctrl-C then ends
     both, with the CLI's one line and no traceback from the server."""
@@ -763,6 +761,7 @@ def test_ctrl_c_while_the_rank_server_loads_torch_is_one_line(tmp_path):
     assert psutil.wait_procs([server], timeout=30)[1] == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_ranks_start_ends_them_at_once(tmp_path):
     """Ranks still starting (joining the group) leave quietly at Ctrl-C, and at once: the
     launcher does not wait out its grace period for them."""
@@ -790,6 +789,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_the_moment_a_rank_is_forked_is_not_lost(tmp_path):
     """A Ctrl-C (and the launcher's SIGINT after it) reaching a rank before it has restored the
     signal dispositions its fork server changed still ends it, at once (tests/slow_fork.py makes
@@ -838,6 +838,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_that_the_launcher_takes_in_a_finaliser_is_not_lost(tmp_path):
     """The agent's handler turns a Ctrl-C into an exception, and one raised while a finaliser
     (``__del__``) runs is printed and dropped: the launcher went on, found its ranks ended by the
@@ -884,7 +885,8 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize(
-    "run, code, said", [("stopped", 130, "commbench: interrupted\n"), ("finished", 0, "")]
+    "run, code, said",
+    [pytest.param("stopped", 130, "commbench: interrupted\n", marks=pytest.mark.slow), ("finished", 0, "")],
 )
 def test_ctrl_c_after_the_command_lets_it_exit_with_its_code(tmp_path, run, code, said):
     """Once a run is interrupted, further Ctrl-C do nothing: one landing in an exit handler printed

@@ -625,7 +625,7 @@ if os.environ.get("RANK") == "1":
 
 
 @needs_privileges
-@pytest.mark.parametrize("records", ["file", "/dev/null"])
+@pytest.mark.parametrize("records", [pytest.param("file", marks=pytest.mark.slow), "/dev/null"])
 def test_wrong_results_keep_the_cluster_record_and_report_then_fail(tmp_path, records):
     """A sweep with wrong elements exits 1 (as nccl-tests fails); the cluster took that for a
     crashed rank ('rank 0 failed'), and the cluster record and each host's bytes were lost. A
@@ -660,6 +660,7 @@ def test_wrong_results_keep_the_cluster_record_and_report_then_fail(tmp_path, re
 
 
 @needs_privileges
+@pytest.mark.slow
 def test_killed_rank_fails_the_run_by_name_and_cleans_up():
     before = _root_state()
     proc = _start(2)
@@ -674,6 +675,7 @@ def test_killed_rank_fails_the_run_by_name_and_cleans_up():
 
 
 @needs_privileges
+@pytest.mark.slow
 def test_a_killed_cluster_command_stops_its_hosts_and_the_next_run_removes_its_directory(
     tmp_path, monkeypatch, capfd
 ):

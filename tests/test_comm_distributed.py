@@ -435,7 +435,11 @@ def test_a_sweep_frees_each_sizes_buffers_before_making_the_next(worlds):
     assert alive == [[0, 0, 0, 0]] * 2
 
 
-@pytest.mark.parametrize("world_size, backend", [(2, "gloo"), (3, "gloo"), (4, "gloo"), (3, "nccl")], ids=str)
+@pytest.mark.parametrize(
+    "world_size, backend",
+    [(2, "gloo"), *(pytest.param(n, "gloo", marks=pytest.mark.slow) for n in (3, 4)), (3, "nccl")],
+    ids=str,
+)
 def test_scratch_memory_is_what_the_cost_model_says(worlds, world_size, backend):
     """Per rank and byte for byte, for every collective and algorithm; 3,000,001 elements take
     several ring segments and leave a tail for ring reduce's tree. "nccl": the ring posts no

@@ -51,6 +51,7 @@ def _rank_zero_ends_the_fork_server() -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 def test_a_fork_server_that_dies_is_named_and_the_next_launch_gets_a_new_one():
     with pytest.raises(RankFailed, match="the fork server that started the ranks had ended"):
         run(_rank_zero_ends_the_fork_server, (), LaunchSpec(world_size=2, timeout_s=60))
@@ -79,6 +80,7 @@ def test_ranks_see_the_launchers_environment_at_launch_and_come_from_one_server(
     assert len(parents) == 1 and os.getpid() not in parents  # one fork server, not this process
 
 
+@pytest.mark.slow
 def test_more_local_ranks_than_the_fork_server_takes_are_spawned(monkeypatch):
     """The fork server takes fewer than MAXFDS_TO_SEND - 4 descriptors per request, and the agent
     sends each rank two per local rank: 125 ranks failed with "too many fds". Above the limit
@@ -189,6 +191,7 @@ def test_the_fork_servers_imports_leave_cuda_alone():
     assert done.stdout.split("\n")[0] == "[] False"
 
 
+@pytest.mark.slow
 def test_a_launch_from_a_process_with_sigchld_blocked_starts_its_ranks():
     """A blocked SIGCHLD, inherited from a parent, is not passed on to the fork server."""
     code = (
@@ -285,6 +288,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_fork_server_stuck_in_its_imports_ends_the_launch_and_the_next_gets_a_new_one(tmp_path):
     """A launch waits for the server's imports no longer than the timeout (here its floor cut to
     1 s), then kills the server and says so in one line; the next launch starts a fresh server."""
@@ -363,6 +367,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_stop_while_a_rank_connects_its_second_group_ends_it_at_once(tmp_path):
     """Two ranks connect a companion group after joining (p2p.enable_duplex), in a C++ wait on the
     launcher's store. A Python handler there would run only once that wait failed, when the
@@ -520,6 +525,7 @@ def test_a_stop_signal_inherited_as_ignored_stays_ignored_in_the_launcher_and_it
     assert (proc.returncode, out.strip()) == (0, "results {0: 0, 1: 1}"), err[-2000:]
 
 
+@pytest.mark.slow
 def test_stops_after_the_first_do_not_cut_the_launchers_stopping_short(tmp_path):
     """The first stop makes the launcher stop its ranks (the agent waits for them) and remove its
     scratch directory; a second Ctrl-C or SIGTERM raised the agent's exception again in the
@@ -587,7 +593,9 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("finish", [False, True], ids=["working", "waiting-to-be-read"])
+@pytest.mark.parametrize(
+    "finish", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["working", "waiting-to-be-read"]
+)
 def test_ranks_of_a_launcher_killed_outright_leave_and_take_everything_with_them(tmp_path, finish):
     """A launcher killed with SIGKILL stops nothing: its ranks ran on, then waited for ever for it
     to read their results (in a semaphore's wait), its fork server stayed with them, and its
@@ -914,7 +922,9 @@ def test_a_slurm_job_without_master_port_gets_a_port_of_its_own(monkeypatch):
     assert os.environ["MASTER_PORT"] == "29577" and os.environ["RANK"] == "0"
 
 
-@pytest.mark.parametrize("extra, code", [(71, 2), (70, 0)], ids=["too-long", "longest"])
+@pytest.mark.parametrize(
+    "extra, code", [(71, 2), pytest.param(70, 0, marks=pytest.mark.slow)], ids=["too-long", "longest"]
+)
 def test_a_temporary_directory_too_long_for_the_servers_socket_is_one_line_and_exit_2(tmp_path, extra, code):
     # The server's socket is $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX: 37 bytes past the directory;
     # a path of 108 bytes or more cannot be bound, and multiprocessing raised it as a traceback.

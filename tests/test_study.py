@@ -267,7 +267,14 @@ def test_list_names_a_study_file_it_cannot_load_and_lists_the_others(tmp_path, m
     )
 
 
-@pytest.mark.parametrize("name", NAMES)
+# The sync-strategy and batch-scaling studies' runs in `make test`, the other three in `make test-slow`
+# (about 15 s here: CI's ten minutes); their configurations are loaded and checked above in both.
+TINY_IN_MAKE_TEST = ("001_sync_strategies", "004_batch_scaling")
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in TINY_IN_MAKE_TEST else pytest.param(n, marks=pytest.mark.slow) for n in NAMES]
+)
 def test_tiny_run_writes_the_report(name, tmp_path):
     config = study.StudyConfig(name=name, scale="tiny", out_dir=str(tmp_path / name), quiet=True)
     result = study.run_study(config)

@@ -133,7 +133,7 @@ TRAIN_ON_TWO_NODES = (
     ("command", "written"),
     [
         (SWEEP_ON_TWO_NODES, ["r.csv", "r.jsonl", "r.png"]),
-        (TRAIN_ON_TWO_NODES, ["r-loss.png", "r.jsonl", "r.png"]),
+        pytest.param(TRAIN_ON_TWO_NODES, ["r-loss.png", "r.jsonl", "r.png"], marks=pytest.mark.slow),
     ],
     ids=["sweep", "train"],
 )
@@ -196,6 +196,7 @@ def test_only_rank_0_of_a_launched_job_writes_outputs(monkeypatch):
         assert launch.writes_outputs() is writes
 
 
+@pytest.mark.slow
 def test_a_path_that_rank_0_refuses_is_said_once_and_ends_the_run(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]

@@ -216,7 +216,9 @@ def test_a_plot_that_fails_after_training_is_a_note_not_a_failed_run(tmp_path, m
     assert capsys.readouterr().err == f"commbench: plot {plot} not written: cannot save\n"
 
 
-def test_a_damaged_held_out_set_or_too_many_samples_is_refused_before_any_rank_starts(tmp_path) -> None:
+def test_a_damaged_held_out_set_or_too_many_samples_is_refused_before_any_rank_starts(
+    tmp_path, capsys
+) -> None:
     """The check before launching read the training split alone, at its full size: a missing test
     split, or --samples past the training split, failed inside the ranks once they had started
     ('rank 1 failed: ValueError: ...'). Both are now one line from the CLI itself; --no-eval needs no
@@ -228,15 +230,13 @@ def test_a_damaged_held_out_set_or_too_many_samples_is_refused_before_any_rank_s
         (tmp_path / "MNIST" / "raw" / name).unlink()
     argv = ["train", "--strategy", "ring", "--world-size", "2", "--dataset", "mnist", "--data-dir",
             str(tmp_path), "--batch-size", "4", "--steps-per-epoch", "1", "-q", "--no-probe"]  # fmt: skip
-    out = recorded.commbench(argv)
-    assert out.returncode == 2
-    assert out.stderr.startswith("commbench: error: expected ") and "t10k-images-idx3-ubyte" in out.stderr
-    assert out.stderr.count("\n") == 1, out.stderr
-    out = recorded.commbench([*argv, "--no-eval", "--samples", "41"])
-    assert out.returncode == 2
-    assert out.stderr == "commbench: error: num_samples=41 exceeds the 40 samples of mnist\n"
-    out = recorded.commbench([*argv, "--no-eval", "--samples", "40"])
-    assert out.returncode == 0, out.stderr
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("commbench: error: expected ") and "t10k-images-idx3-ubyte" in err
+    assert err.count("\n") == 1, err
+    assert main([*argv, "--no-eval", "--samples", "41"]) == 2
+    assert capsys.readouterr().err == "commbench: error: num_samples=41 exceeds the 40 samples of mnist\n"
+    assert main([*argv, "--no-eval", "--samples", "40"]) == 0, capsys.readouterr().err
 
 
 def test_a_one_process_strategy_under_torchrun_is_refused_without_naming_an_option_not_given(
@@ -260,6 +260,7 @@ def test_a_one_process_strategy_under_torchrun_is_refused_without_naming_an_opti
     assert err.endswith("not on 2 ranks: leave out --world-size, or give 1\n"), err
 
 
+@pytest.mark.slow
 def test_the_table_is_headed_by_the_command_that_ran() -> None:
     """commbench train printed its table under '# commbench compare:'. (In a process of its own: the
     rank server an earlier test started in this one holds that test's standard output.)"""

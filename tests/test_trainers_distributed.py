@@ -48,7 +48,10 @@ def _assert_same(a: list[torch.Tensor], b: list[torch.Tensor], what: str) -> Non
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=lambda m, i=i: f"{what}, param {i}: {m}")
 
 
-@pytest.mark.parametrize("size,transport", [(1, "backend"), (2, "backend"), (3, "backend"), (3, "ring")])
+@pytest.mark.parametrize(
+    "size,transport",
+    [*(pytest.param(n, "backend", marks=pytest.mark.slow) for n in (1, 3)), (2, "backend"), (3, "ring")],
+)
 def test_strategies_leave_ddp_parameters(train_worlds, size: int, transport: str) -> None:
     strategies = STRATEGIES_MULTI + (("none",) if size == 1 else ())
     results = _results(train_worlds(size), _config(strategies, transport=transport))
