@@ -699,12 +699,21 @@ def _sweep_sizes_freed(case: dict[str, Any]) -> list[int]:
 
 def _scratch(case: dict[str, Any]) -> dict[str, int]:
     """Bytes a fresh Workspace holds after one call of each collective and algorithm, called as
-    the sweep calls them; keyed "collective/algorithm/count". With ``nccl_receives`` the ring
-    posts no receive ahead, as on NCCL."""
+    the sweep calls them (with ``in_place``, as ``sweep --in-place`` does); keyed
+    "collective/algorithm/count". With ``nccl_receives`` the ring posts no receive ahead, as on NCCL
+    (for this call alone: the world's processes serve later tests, which took NCCL's count)."""
     from commbench.comm import pipeline
 
+    ahead = pipeline.receives_ahead
     if case.get("nccl_receives"):
         pipeline.receives_ahead = lambda group, segment_bytes, device: 0
+    try:
+        return _scratch_held(case)
+    finally:
+        pipeline.receives_ahead = ahead
+
+
+def _scratch_held(case: dict[str, Any]) -> dict[str, int]:
     rank, world = dist.get_rank(), dist.get_world_size()
     held = {}
     for name, algorithms in comm.ALGORITHMS.items():
@@ -713,7 +722,18 @@ def _scratch(case: dict[str, Any]) -> dict[str, int]:
             count = spec.count(count * 4, 4, world)
             for algorithm in algorithms:
                 workspace = comm.Workspace()
-                b = spec.make(count, torch.float32, torch.device("cpu"), rank, world, "sum", case["root"])
+                b = spec.make_for(
+                    count,
+                    torch.float32,
+                    torch.device("cpu"),
+                    rank,
+                    world,
+                    "sum",
+                    case["root"],
+                    case.get("in_place", False),
+                )
+                if b.output.data_ptr() != b.input.data_ptr():
+                    poison(b.output)  # as the sweep's check does: an output left unwritten shows
                 b.input.copy_(b.reference)
                 spec.run(b, algorithm, "sum", case["root"], None, workspace)
                 if spec.wrong(b, "sum", rank, world, case["root"]):

@@ -534,6 +534,29 @@ def test_sendrecv_defaults_to_its_only_algorithm(tmp_path, capsys):
     assert [(r["collective"], r["algorithm"], r["wrong"]) for r in records] == [("sendrecv", "p2p", 0)]
 
 
+def test_an_in_place_sweep_runs_every_algorithm_in_place_and_checks_it(tmp_path, capsys):
+    """--in-place: reduce_scatter's output is its rank's chunk of the input for builtin, naive and
+    the ring; the records say so (the limit's send/recv is out of place), and the check passes."""
+    path = tmp_path / "r.jsonl"
+    argv = ["sweep", "--collective", "reduce_scatter", "--in-place", "-a", "builtin,naive,ring",
+            "-b", "4K", "-e", "4K", *SMALL, "--no-probe", "-q", "--json", str(path)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    records = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "sweep"]
+    assert [(r["algorithm"], r["in_place"], r["wrong"]) for r in records] == [
+        ("builtin", True, 0),
+        ("naive", True, 0),
+        ("ring", True, 0),
+        ("p2p", False, 0),
+    ]
+    assert main(["summary", str(path)]) == 0
+    assert "reduce_scatter in place, 2 ranks" in capsys.readouterr().out
+    assert main(["sweep", "--in-place", "-b", "1K", "-e", "1K"]) == 2
+    assert capsys.readouterr().err == (
+        "commbench: error: --in-place applies to reduce_scatter and all_gather; all_reduce always runs in "
+        "place (one buffer, as in torch.distributed)\n"
+    )
+
+
 def test_summary_names_a_file_that_is_not_text(tmp_path, capsys):
     path = tmp_path / "r.jsonl"
     path.write_bytes(b"\xff\xfe\x00")

@@ -459,6 +459,21 @@ def test_scratch_memory_is_what_the_cost_model_says(worlds, world_size, backend)
         assert tuple(held[key] for held in per_rank) == model, key
 
 
+def test_the_in_place_forms_are_right_and_hold_the_scratch_the_cost_model_says(worlds):
+    """``sweep --in-place``: reduce_scatter's output its rank's chunk of the input (the ring then
+    keeps the result aside until the end), all_gather's input its part of the output, for every
+    algorithm; 3 ranks, so that the ring's out-of-place spare chunk is held too."""
+    from commbench.comm.costmodel import scratch_bytes
+
+    case = {"counts": [1000, 300_001], "root": 1, "in_place": True}
+    per_rank = worlds(3).run(("scratch", case))
+    assert any(held > 0 for key, held in per_rank[0].items() if key.startswith("reduce_scatter/ring/"))
+    for key in per_rank[0]:
+        collective, algorithm, count = key.split("/")
+        model = scratch_bytes(collective, algorithm, 3, int(count), 4, root=1, in_place=True)
+        assert tuple(held[key] for held in per_rank) == model, key
+
+
 def test_hand_written_calls_on_gloo_with_cuda_tensors_run_on_host_copies(monkeypatch):
     """No CUDA needed: the choice is made from the device's type, the backend and the size alone."""
     monkeypatch.delenv("COMMBENCH_GLOO_CUDA_HOST_FROM", raising=False)

@@ -150,7 +150,7 @@ def test_headings_count_one_rank_as_one_rank():
     from commbench.units import rank_count
 
     assert [rank_count(n) for n in (1, 2, "?")] == ["1 rank", "2 ranks", "? ranks"]
-    what = ("all_reduce", 1, "nccl", "float32", 1, "sum", "cuda", 0)
+    what = ("all_reduce", 1, "nccl", "float32", 1, "sum", "cuda", 0, False)
     assert cli._describe(what) == "all_reduce, 1 rank, nccl on cuda, float32, sum"
 
 
@@ -198,3 +198,21 @@ def test_a_report_keeps_its_files_mode_and_follows_a_link(tmp_path):
     assert (out / "report.md").is_symlink() and kept.read_text().startswith("#")
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
     os.chmod(out / "report.html", 0o644)
+
+
+def test_the_in_place_form_is_named_and_kept_apart_from_the_other():
+    """summary --across refuses to pool an in-place run with an out-of-place one, and a baseline
+    compares only points of one form."""
+    from commbench.bench import cli, reporting
+    from commbench.bench.reporting import Run
+
+    placed = {**_record("all_gather", "ring", 4096, 1.0), "in_place": True}
+    other = {**_record("all_gather", "ring", 4096, 2.0), "in_place": False}
+    old = _record("all_gather", "ring", 4096, 3.0)  # written before in_place existed: out of place
+    assert cli._describe(cli._what([placed])).startswith("all_gather in place, ")
+    assert cli._what([other]) == cli._what([old]) != cli._what([placed])
+    assert not cli._what([{**_record("all_reduce", "ring", 4096, 1.0), "in_place": True}])[-1]
+    runs = [Run(path="r", label="r", header={}, sweeps=(r,), epochs=(), summaries=(), probes=(), clusters=())
+            for r in (placed, other)]  # fmt: skip
+    keys = [next(iter(reporting._busbw_map([run]))) for run in runs]
+    assert keys[0][0] == "all_gather in place" and keys[1][0] == "all_gather"

@@ -482,12 +482,17 @@ def test_the_table_header_says_how_the_series_took_turns(warmup, iters, block, s
         # all_gather: a 1/world input, the whole output, and the input's copy
         ("all_gather", ("ring",), 4, lambda s: [s // 4 + s + s // 4, 3 * s]),
         ("reduce_scatter", ("naive",), 4, lambda s: [s + s // 4 + s, 3 * s]),
+        # in place: the output (the input's chunk), or the input (the output's part), holds nothing more
+        ("all_gather", ("ring", "in place"), 4, lambda s: [s + s // 4, 3 * s]),
+        ("reduce_scatter", ("naive", "in place"), 4, lambda s: [s + s, 3 * s]),
     ],
 )
 def test_buffer_bytes_are_what_a_rank_holds_at_the_largest_size(collective, algorithms, world, per_series):
     from commbench.bench.sweep import buffer_bytes
 
-    kw = dict(collective=collective, algorithms=algorithms, min_bytes=1024, check=False)
+    in_place = algorithms[-1] == "in place"
+    algorithms = algorithms[:-1] if in_place else algorithms
+    kw = dict(collective=collective, algorithms=algorithms, min_bytes=1024, check=False, in_place=in_place)
     assert buffer_bytes(SweepConfig(**kw, max_bytes=1 << 20), world) == sum(per_series(1 << 20))
     no_limit = SweepConfig(**kw, max_bytes=3 << 19, limit=False)  # 1.5 MiB: the last size is 1 MiB
     assert buffer_bytes(no_limit, world) == sum(per_series(1 << 20)[:-1])
@@ -679,3 +684,65 @@ def test_series_of_one_algorithm_with_different_segments_share_its_scratch():
     assert scratch_per_rank(config, 2) == [max(a, b) for a, b in zip(default, small, strict=True)]
     alone = SweepConfig(algorithms=("ring@1M",), min_bytes=size, max_bytes=size)
     assert scratch_per_rank(alone, 2) == list(small)
+
+
+@pytest.mark.parametrize(
+    "collective, says",
+    [
+        ("all_reduce", "all_reduce always runs in place (one buffer, as in torch.distributed)"),
+        ("broadcast", "broadcast always runs in place (one buffer, as in torch.distributed)"),
+        ("sendrecv", "sendrecv has no in-place form"),
+    ],
+)
+def test_in_place_is_refused_for_a_collective_without_the_other_form(collective, says):
+    algorithms = ("p2p",) if collective == "sendrecv" else ("ring",)
+    with pytest.raises(ValueError) as refused:
+        SweepConfig(collective=collective, algorithms=algorithms, in_place=True)
+    assert str(refused.value) == f"--in-place applies to reduce_scatter and all_gather; {says}"
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+def test_the_in_place_forms_view_the_rank_s_chunk(rank):
+    """nccl-tests' in-place column: reduce_scatter's output is rank r's chunk of its input, and
+    all_gather's input is rank r's part of its output; the pristine copy is a buffer of its own."""
+    from commbench.bench.collectives import SPECS
+
+    world, count, cpu = 4, 40, torch.device("cpu")
+    rs = SPECS["reduce_scatter"].make_for(count, torch.float32, cpu, rank, world, "sum", 0, True)
+    assert rs.output._base is rs.input and rs.output.numel() == 10
+    assert rs.output.data_ptr() == rs.input.data_ptr() + rank * 10 * 4
+    ag = SPECS["all_gather"].make_for(count, torch.float32, cpu, rank, world, None, 0, True)
+    assert ag.input._base is ag.output and ag.input.numel() == 10
+    assert ag.input.data_ptr() == ag.output.data_ptr() + rank * 10 * 4
+    for b in (rs, ag):
+        assert b.reference.data_ptr() not in (b.input.data_ptr(), b.output.data_ptr())
+    out_of_place = SPECS["reduce_scatter"].make_for(count, torch.float32, cpu, rank, world, "sum", 0, False)
+    assert out_of_place.output._base is None
+    assert SPECS["all_reduce"].runs_in_place(False) and SPECS["reduce_scatter"].runs_in_place(True)
+    assert not SPECS["reduce_scatter"].runs_in_place(False) and not SPECS["sendrecv"].runs_in_place(True)
+
+
+def test_in_place_reduce_scatter_s_ring_holds_its_result_aside():
+    """The ring computes an output that is a view of its input in scratch and copies it at the end:
+    one chunk more, in the cost model and in the sweep's memory check."""
+    from commbench.bench.sweep import scratch_per_rank
+    from commbench.comm.costmodel import scratch_bytes
+
+    count, world = 1 << 20, 4
+    out = scratch_bytes("reduce_scatter", "ring", world, count, 4)
+    inside = scratch_bytes("reduce_scatter", "ring", world, count, 4, in_place=True)
+    assert [b - a for a, b in zip(out, inside, strict=True)] == [count // world * 4] * world
+    assert scratch_bytes("all_gather", "ring", world, count, 4, in_place=True) == (0,) * world
+    kw = dict(collective="reduce_scatter", algorithms=("ring",), min_bytes=4 << 20, max_bytes=4 << 20)
+    assert scratch_per_rank(SweepConfig(**kw, in_place=True), world) == list(inside)
+    assert scratch_per_rank(SweepConfig(**kw), world) == list(out)
+
+
+def test_the_table_header_says_in_place():
+    from commbench.bench.report import table_header
+
+    run = {"world_size": 2, "backend": "gloo", "device": "cpu"}
+    config = SweepConfig(collective="all_gather", algorithms=("ring",), in_place=True)
+    assert table_header(config, run).startswith("# commbench sweep: all_gather in place, 2 ranks,")
+    config = SweepConfig(collective="all_gather", algorithms=("ring",))
+    assert table_header(config, run).startswith("# commbench sweep: all_gather, 2 ranks,")

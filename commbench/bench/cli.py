@@ -109,6 +109,13 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-d", "--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
     p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)} (default sum)")
     p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce (default 0)")
+    p.add_argument(
+        "--in-place",
+        action="store_true",
+        help="reduce_scatter and all_gather in place, as nccl-tests' second column: the output is the "
+        "rank's chunk of the input, or the input its part of the output (all_reduce, broadcast and "
+        "reduce always run in place)",
+    )
     p.add_argument("--no-limit", action="store_true", help="skip the send/recv transport-limit series")
     from commbench.bench.probing import add_probe_args
 
@@ -205,6 +212,7 @@ def sweep_config(args: argparse.Namespace) -> Any:
         dtype=args.dtype,
         op=args.op,
         root=args.root,
+        in_place=args.in_place,
         limit=not args.no_limit,
         probe=not args.no_probe,
         probe_interval_s=args.probe_interval,
@@ -472,23 +480,33 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
 
 
 def _what(records: list[dict]) -> tuple:
-    """(collective, world size, backend, dtype, block, op, device, root) of a sweep file's records
-    (its first point's); records written before ``--block`` existed interleaved call by call
-    (block 1)."""
+    """(collective, world size, backend, dtype, block, op, device, root, in place) of a sweep
+    file's records (its first point's); records written before ``--block`` existed interleaved
+    call by call (block 1)."""
+    from commbench.bench.collectives import in_place_form
+
     first = next((r for r in records if r.get("type") == "sweep"), {})
     what = tuple(first.get(k, "?") for k in ("collective", "world_size", "backend", "dtype"))
     root = (
         first.get("root", 0) if first.get("collective") in ("broadcast", "reduce") else 0
     )  # others have none
-    return (*what, first.get("block", 1), first.get("op"), first.get("device", "cpu"), root)
+    return (
+        *what,
+        first.get("block", 1),
+        first.get("op"),
+        first.get("device", "cpu"),
+        root,
+        in_place_form(first),
+    )
 
 
 def _describe(what: tuple) -> str:
-    collective, world, backend, dtype, block, op, device, root = what
+    collective, world, backend, dtype, block, op, device, root, in_place = what
     timed = "" if block == 1 else f", --block {block}"
     where = "" if device == "cpu" else f" on {device}"
     how = (f", {op}" if op else "") + (f", root {root}" if root else "")
-    return f"{collective}, {rank_count(world)}, {backend}{where}, {dtype}{how}{timed}"
+    placed = " in place" if in_place else ""
+    return f"{collective}{placed}, {rank_count(world)}, {backend}{where}, {dtype}{how}{timed}"
 
 
 def cmd_summary(files: list[str], across: bool = False) -> int:

@@ -47,6 +47,20 @@ class Buffers:
     reference: torch.Tensor
 
 
+# The collectives whose output and input are distinct buffers of different sizes, and which also
+# run in place as nccl-tests' second column does (``--in-place``): reduce_scatter's output is its
+# rank's chunk of the input, all_gather's input its rank's part of the output. all_reduce,
+# broadcast and reduce take one buffer (torch.distributed's form), so they always run in place.
+TWO_FORMS = ("reduce_scatter", "all_gather")
+ONE_BUFFER = ("all_reduce", "broadcast", "reduce")
+
+
+def in_place_form(record: dict) -> bool:
+    """Whether a sweep record's point is the in-place form of a collective with two (records
+    written before ``--in-place`` existed are out of place)."""
+    return record.get("in_place") is True and record.get("collective") in TWO_FORMS
+
+
 PERIOD = 65521  # the largest prime below 2**16: a rank's pattern repeats after this many elements
 GOLDEN = (5**0.5 - 1) / 2  # its multiples' fractional parts: the ranks' turns in the rank part
 COPY = "copy"  # the pattern of collectives that move data without reducing it
@@ -202,6 +216,16 @@ class _Spec:
     name = ""
     needs_op = True
 
+    def make_for(self, count, dtype, device, rank, world, op, root, in_place: bool = False) -> Buffers:
+        """:meth:`make`, in the in-place form where ``in_place`` and the collective has one."""
+        if in_place and self.name in TWO_FORMS:
+            return self.make_in_place(count, dtype, device, rank, world, op, root)
+        return self.make(count, dtype, device, rank, world, op, root)
+
+    def runs_in_place(self, in_place: bool) -> bool:
+        """Whether a sweep's call writes over its input (the record's ``in_place``)."""
+        return self.name in ONE_BUFFER or (in_place and self.name in TWO_FORMS)
+
     def count(self, size_bytes: int, itemsize: int, world: int) -> int:
         return size_bytes // itemsize
 
@@ -246,6 +270,12 @@ class ReduceScatter(_Spec):
             pattern(rank, count, op, dtype, device),
         )
 
+    def make_in_place(self, count, dtype, device, rank, world, op, root) -> Buffers:
+        """The output is this rank's chunk of the input (``recvbuff = sendbuff + rank * recvcount``)."""
+        t = torch.empty(count, dtype=dtype, device=device)
+        m = count // world
+        return Buffers(t, t[rank * m : (rank + 1) * m], pattern(rank, count, op, dtype, device))
+
     def call(self, b, algorithm, op, root, group, workspace, segment_bytes) -> None:
         comm.reduce_scatter(
             b.output,
@@ -279,6 +309,12 @@ class AllGather(_Spec):
             torch.empty(count, dtype=dtype, device=device),
             pattern(rank, m, COPY, dtype, device),
         )
+
+    def make_in_place(self, count, dtype, device, rank, world, op, root) -> Buffers:
+        """The input is this rank's part of the output (``sendbuff = recvbuff + rank * sendcount``)."""
+        t = torch.empty(count, dtype=dtype, device=device)
+        m = count // world
+        return Buffers(t[rank * m : (rank + 1) * m], t, pattern(rank, m, COPY, dtype, device))
 
     def call(self, b, algorithm, op, root, group, workspace, segment_bytes) -> None:
         comm.all_gather(

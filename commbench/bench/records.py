@@ -59,6 +59,9 @@ class SweepRecord:
     wire_check: str | None = None
     hosts: list[dict] | None = None
     block: int = 1  # iterations of one series run back to back (1: interleaved call by call)
+    # The call wrote over its input: all_reduce, broadcast and reduce always, reduce_scatter and
+    # all_gather with --in-place (nccl-tests' in-place column), the send/recv limit never.
+    in_place: bool | None = None
     type: str = "sweep"
 
 

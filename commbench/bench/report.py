@@ -17,7 +17,8 @@ _COLS = (
 def table_header(config: Any, run: dict[str, Any]) -> str:
     """Title lines: what was swept, on what, and how times were taken."""
     return (
-        f"# commbench sweep: {config.collective}, {rank_count(run['world_size'])}, backend {run['backend']}, "
+        f"# commbench sweep: {config.collective}{' in place' if config.in_place else ''}, "
+        f"{rank_count(run['world_size'])}, backend {run['backend']}, "
         f"device {run['device']}\n"
         f"# time = median of {config.iters} iterations (after {config.warmup} warm-up) of the slowest "
         f"rank; {_order(config)}; GB/s = 1e9 B/s\n"

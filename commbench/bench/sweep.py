@@ -25,7 +25,9 @@ import torch.distributed as dist
 from commbench import comm
 from commbench.bench.collectives import (
     CHECK_CHUNK,
+    ONE_BUFFER,
     SPECS,
+    TWO_FORMS,
     algorithms_for,
     poison,
     segmented_for,
@@ -60,6 +62,7 @@ class SweepConfig:
     dtype: str = "float32"
     op: str = "sum"
     root: int = 0
+    in_place: bool = False  # reduce_scatter and all_gather in their in-place form
     limit: bool = True
     probe: bool = True
     probe_iters: int = 3
@@ -124,6 +127,13 @@ class SweepConfig:
             raise ValueError(f"unknown op {self.op!r}; choose from {', '.join(OPS)}")
         if self.root < 0:
             raise ValueError(f"root must be >= 0, got {self.root}")
+        if self.in_place and self.collective not in TWO_FORMS:
+            form = (
+                "always runs in place (one buffer, as in torch.distributed)"
+                if self.collective in ONE_BUFFER
+                else "has no in-place form"
+            )
+            raise ValueError(f"--in-place applies to {' and '.join(TWO_FORMS)}; {self.collective} {form}")
         if len(sizes(self)) > MAX_SIZES:
             raise ValueError(f"more than {MAX_SIZES} sizes between minimum and maximum; use a larger step")
 
@@ -172,11 +182,13 @@ def buffer_bytes(config: SweepConfig, world: int) -> int:
     count = max(spec.count(size, dtype.itemsize, world) for size in sizes(config))
     total = 0
     for s in config.series:
-        b = (SPECS["sendrecv"] if s == LIMIT else spec).make(
-            count, dtype, meta, 0, world, config.op, config.root
+        b = (SPECS["sendrecv"] if s == LIMIT else spec).make_for(
+            count, dtype, meta, 0, world, config.op, config.root, config.in_place
         )
-        distinct = {id(t): t for t in (b.input, b.output, b.reference)}.values()
-        total += sum(t.numel() * t.element_size() for t in distinct)
+        # a view of another (the in-place forms' output or input) holds no memory of its own
+        made = (b.input, b.output, b.reference)
+        distinct = {id(t): t for t in made if not any(t._base is other for other in made)}
+        total += sum(t.numel() * t.element_size() for t in distinct.values())
     return total + (CHECK_BYTES_PER_ELEMENT * min(count, CHECK_CHUNK) if config.check else 0)
 
 
@@ -205,6 +217,7 @@ def scratch_per_rank(config: SweepConfig, world: int, backend: str = "gloo") -> 
             root=config.root,
             segment_bytes=segment,
             backend=backend,
+            in_place=config.in_place,
         )
         held[resolved] = [max(a, b) for a, b in zip(held.get(resolved, mine), mine, strict=True)]
     return [sum(col) for col in zip(*held.values(), strict=True)] if held else [0] * world
@@ -393,8 +406,8 @@ def run_rank(config: SweepConfig, device_kind: str, emit, nic: str | None = None
         # the 512, 256 and 128 MiB ones).
         workspace = comm.Workspace()
         bufs = {
-            s: (limit_spec if s == LIMIT else spec).make(
-                count, dtype, device, rank, world, config.op, config.root
+            s: (limit_spec if s == LIMIT else spec).make_for(
+                count, dtype, device, rank, world, config.op, config.root, config.in_place
             )
             for s in config.series
         }
@@ -467,6 +480,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit, nic: str | None = None
                 iters=config.iters,
                 warmup=config.warmup,
                 block=config.block,
+                in_place=False if s == LIMIT else spec.runs_in_place(config.in_place),
                 **st[s],
                 algbw_gbps=algbw,
                 busbw_gbps=busbw[s],

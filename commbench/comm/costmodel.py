@@ -331,11 +331,13 @@ def scratch_bytes(
     root: int = 0,
     segment_bytes: int = SEGMENT_BYTES,
     backend: str = "gloo",
+    in_place: bool = False,
 ) -> tuple[int, ...]:
     """Bytes of scratch each rank's :class:`~commbench.comm.Workspace` holds after one call over
     ``backend`` (the ring's receive slots differ: gloo posts receives ahead, NCCL none), input and
-    output distinct (as a sweep calls them). ``builtin``'s memory is the backend's own and not
-    counted. Other arguments as for :func:`cost`."""
+    output distinct (as a sweep calls them), or with ``in_place`` a reduce_scatter's output its
+    rank's chunk of the input and an all_gather's input its part of the output. ``builtin``'s
+    memory is the backend's own and not counted. Other arguments as for :func:`cost`."""
     _check_call(collective, algorithm, world_size, count, itemsize, root, segment_bytes)
     n = world_size
     if algorithm == "auto":
@@ -360,7 +362,8 @@ def scratch_bytes(
             chunk = -(-count // n)
             elems = [_ring_reduce_scatter_scratch(chunk, n, itemsize, segment_bytes, True, backend)] * n
         elif (collective, algorithm) == ("reduce_scatter", "ring") and part > 0:
-            elems = [_ring_reduce_scatter_scratch(part, n, itemsize, segment_bytes, False, backend)] * n
+            ring = _ring_reduce_scatter_scratch(part, n, itemsize, segment_bytes, False, backend)
+            elems = [ring + (part if in_place else 0)] * n  # in place: the result, kept aside till the end
         elif (collective, algorithm) == ("reduce", "tree"):
             elems = [_tree_reduce_scratch(count, x, n) for x in rel]
         elif (collective, algorithm) == ("reduce", "ring"):
