@@ -80,7 +80,8 @@ def test_a_failed_benchmark_leaves_the_next_one_running(tmp_path):
     assert names == {"test_runs_after_a_failure_between_calls"}, names
 
 
-@pytest.mark.parametrize("world", ["1", pytest.param("two", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("world", ["1", "two"])
 def test_a_world_below_two_ranks_is_refused_in_one_line(world):
     """Before, every benchmark errored with the launcher's 'world size must be >= 1, got 0'."""
     out = _pytest(SUITE, {"COMMBENCH_BENCH_WORLD": world}, timeout=120)
