@@ -462,18 +462,23 @@ def test_scratch_memory_is_what_the_cost_model_says(worlds, world_size, backend)
         assert tuple(held[key] for held in per_rank) == model, key
 
 
-def test_the_in_place_forms_are_right_and_hold_the_scratch_the_cost_model_says(worlds):
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_the_in_place_forms_are_right_and_hold_the_scratch_the_cost_model_says(worlds, world_size):
     """``sweep --in-place``: reduce_scatter's output its rank's chunk of the input (the ring then
     keeps the result aside until the end), all_gather's input its part of the output, for every
-    algorithm; 3 ranks, so that the ring's out-of-place spare chunk is held too."""
+    algorithm; at 3 ranks the ring's out-of-place spare chunk is held too, and at 1 rank, where
+    the output is the whole input, nothing (the ring held a message's copy there)."""
     from commbench.comm.costmodel import scratch_bytes
 
-    case = {"counts": [1000, 300_001], "root": 1, "in_place": True}
-    per_rank = worlds(3).run(("scratch", case))
-    assert any(held > 0 for key, held in per_rank[0].items() if key.startswith("reduce_scatter/ring/"))
+    case = {"counts": [1000, 300_001], "root": world_size - 1, "in_place": True}
+    per_rank = worlds(world_size).run(("scratch", case))
+    rings = [held for key, held in per_rank[0].items() if key.startswith("reduce_scatter/ring/")]
+    assert rings and all((held > 0) == (world_size > 1) for held in rings)
     for key in per_rank[0]:
         collective, algorithm, count = key.split("/")
-        model = scratch_bytes(collective, algorithm, 3, int(count), 4, root=1, in_place=True)
+        model = scratch_bytes(
+            collective, algorithm, world_size, int(count), 4, root=world_size - 1, in_place=True
+        )
         assert tuple(held[key] for held in per_rank) == model, key
 
 

@@ -26,7 +26,7 @@ def _all_cases(host_from: str | None = None, backend: str | None = None) -> list
     import torch.distributed as dist
 
     from commbench import comm
-    from commbench.bench.collectives import SPECS
+    from commbench.bench.collectives import SPECS, TWO_FORMS, ready_for_check
 
     if host_from is not None:
         os.environ[comm.HOST_FROM_ENV] = host_from
@@ -44,15 +44,18 @@ def _all_cases(host_from: str | None = None, backend: str | None = None) -> list
                 for count in (0, 1, 1000 * world + 1, (1 << 20) * world):
                     if collective in ("reduce_scatter", "all_gather"):
                         count -= count % world
-                    for algorithm in algorithms:
-                        b = spec.make(count, dtype, device, rank, world, op, 0)
-                        b.input.copy_(b.reference)
+                    # both forms of reduce_scatter and all_gather (sweep --in-place)
+                    forms = (False, True) if collective in TWO_FORMS else (False,)
+                    for algorithm, in_place in itertools.product(algorithms, forms):
+                        b = spec.make_for(count, dtype, device, rank, world, op, 0, in_place)
+                        ready_for_check(b)
                         spec.run(b, algorithm, op, 0, group, comm.Workspace())
                         torch.cuda.synchronize()
                         wrong = spec.wrong(b, op, rank, world, 0)
                         if wrong:
+                            what = f"{collective}/in-place" if in_place else collective
                             failures.append(
-                                f"{device.type}/{collective}/{algorithm}/{dtype}/{op}/{count}: {wrong} wrong"
+                                f"{device.type}/{what}/{algorithm}/{dtype}/{op}/{count}: {wrong} wrong"
                             )
     return failures
 

@@ -746,3 +746,22 @@ def test_the_table_header_says_in_place():
     assert table_header(config, run).startswith("# commbench sweep: all_gather in place, 2 ranks,")
     config = SweepConfig(collective="all_gather", algorithms=("ring",))
     assert table_header(config, run).startswith("# commbench sweep: all_gather, 2 ranks,")
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_all_gather_output_left_unwritten_is_wrong_on_every_rank(rank, in_place):
+    """Rank 0's in-place input starts where its output does: the check told a one-buffer collective
+    by equal addresses, left that output unpoisoned, and a call that wrote nothing there scored 0
+    wrong with the timed calls' right result still in place."""
+    from commbench.bench.collectives import SPECS, ready_for_check
+
+    world, m, cpu = 4, 1000, torch.device("cpu")
+    spec = SPECS["all_gather"]
+    b = spec.make_for(m * world, torch.float32, cpu, rank, world, None, 0, in_place)
+    b.output.copy_(torch.cat([pattern(r, m, COPY, torch.float32, cpu) for r in range(world)]))
+    assert spec.wrong(b, None, rank, world, 0) == 0  # the timed calls' result
+    ready_for_check(b)  # and then a call that writes nothing
+    # in place the rank's own part is its input, which the check's copy fills
+    assert spec.wrong(b, None, rank, world, 0) == (world - in_place) * m
+    assert torch.equal(b.output[rank * m : (rank + 1) * m], b.reference) == in_place

@@ -148,6 +148,19 @@ def poison(t: torch.Tensor) -> None:
     t.fill_(float("nan") if t.dtype.is_floating_point else -1)
 
 
+def ready_for_check(b: Buffers) -> None:
+    """Before a checked call: the output poisoned and the pristine input in place. A one-buffer
+    collective's output is its input, which the copy overwrites; an in-place all_gather's output
+    is poisoned around the rank's own part, which the copy then fills (rank 0's part starts where
+    the output does, so the two are told apart by identity, not by address). An in-place
+    reduce_scatter's output lies inside its input and starts as the rank's own chunk, which a
+    missing write leaves: wrong at every element for sum and prod, but for max, min and avg only
+    where the rank's own value is not the result."""
+    if b.output is not b.input:
+        poison(b.output)
+    b.input.copy_(b.reference)
+
+
 CHECK_CHUNK = 1 << 20  # elements compared at a time: the check's temporaries stay under 48 MiB
 
 
