@@ -656,11 +656,8 @@ def test_a_stop_while_the_cli_imports_torch_is_one_line_and_its_exit_code(sig):
     assert (done.returncode, done.stderr) == (128 + sig, "commbench: interrupted\n")
 
 
-@pytest.mark.parametrize(
-    "sig",
-    [pytest.param(signal.SIGHUP, marks=pytest.mark.slow), signal.SIGTERM],
-    ids=["closed-terminal", "term"],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["closed-terminal", "term"])
 def test_a_stop_between_the_launchers_import_and_the_launch_is_one_line_and_its_exit_code(sig, tmp_path):
     """--plot's check imports matplotlib after the launcher's module and before the launch: a
     SIGTERM or SIGHUP there took its default action, exit 143 or 129 with no line."""
@@ -1219,6 +1216,7 @@ def test_a_path_behind_a_directory_without_access_is_one_line(monkeypatch, capsy
     assert err == "commbench: error: cannot write /root/out.jsonl: Permission denied\n"
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_reader_leaves_early_runs_to_the_end(tmp_path):
     """``commbench sweep ... | head -1``: the table stops, the run and its records do not."""
     path = tmp_path / "r.jsonl"
@@ -1475,6 +1473,7 @@ def test_a_plot_that_fails_after_the_sweep_is_a_note_not_a_failed_run(tmp_path, 
     )
 
 
+@pytest.mark.slow
 def test_records_named_by_one_of_the_commands_file_descriptors_reach_it(tmp_path):
     """``--json /dev/fd/N`` (what a shell's ``>(jq .)`` passes): rank 0 writes the records, and it
     holds none of the command's descriptors past 0-2, so it opened its own fd N; a missing one or a

@@ -706,6 +706,7 @@ def test_a_killed_cluster_command_stops_its_hosts_and_the_next_run_removes_its_d
 
 
 @needs_privileges
+@pytest.mark.slow
 def test_input_a_host_refuses_after_the_build_is_exit_2(tmp_path):
     # The check before the build cannot read the data files; the hosts' ranks do, and refuse them.
     before = _root_state()
@@ -730,7 +731,8 @@ def test_input_a_host_refuses_after_the_build_is_exit_2(tmp_path):
 
 
 @needs_privileges
-@pytest.mark.parametrize("signum", **stops.one_fast("term"))
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", list(stops.STOPS.values()), ids=list(stops.STOPS))
 def test_a_stop_signal_ends_the_run_and_cleans_up(tmp_path, signum):
     """SIGHUP (a closed terminal) used to end the command at once, leaving the namespaces, the
     scratch directory, and the hosts' ranks running to the end of their sweep."""

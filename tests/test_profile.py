@@ -350,6 +350,7 @@ def test_unwritable_output_is_one_line_before_the_run(out, capsys, monkeypatch):
     assert started == []  # neither py-spy's check nor the command ran
 
 
+@pytest.mark.slow
 def test_a_profile_whose_recorders_all_fail_says_so_and_exits_1(tmp_path, monkeypatch, capsys):
     """py-spy attaches for the check but every recorder fails (its error only in its log): profile
     printed a table of zero samples, named collapsed-stack files that did not exist, and exited 0."""
