@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from commbench import comm
-from commbench.bench.collectives import SPECS, poison, ready_for_check
+from commbench.bench.collectives import SPECS, ready_for_check
 from commbench.comm import p2p, ring, tcp
 from commbench.comm.ops import DTYPES, OPS
 from commbench.comm.workspace import PLANS_KEPT
@@ -34,9 +34,7 @@ def _collective(case: dict[str, Any], group: dist.ProcessGroup | None = None) ->
     for algorithm in comm.ALGORITHMS[case["collective"]]:
         b = spec.make(count, dtype, torch.device("cpu"), rank, world, op, root)
         for attempt in range(2 if workspace is not None else 1):  # a reused workspace must not leak
-            if b.output.data_ptr() != b.input.data_ptr():
-                poison(b.output)  # an output the algorithm leaves unwritten cannot look right
-            b.input.copy_(b.reference)
+            ready_for_check(b)  # an output the algorithm leaves unwritten cannot look right
             ptr = b.output.data_ptr()
             spec.run(b, algorithm, op, root, group, workspace)
             where = f"{algorithm} (run {attempt + 1}) on rank {rank}"
@@ -105,9 +103,7 @@ def _segmented(case: dict[str, Any]) -> list[str]:
             op = op if spec.needs_op else "sum"
             b = spec.make(count, DTYPES[dtype], torch.device("cpu"), rank, world, op, root)
             for attempt in range(2):
-                if b.output.data_ptr() != b.input.data_ptr():
-                    poison(b.output)
-                b.input.copy_(b.reference)
+                ready_for_check(b)
                 _ring_call(name, b, op, root, case["segment_bytes"], workspace)
                 wrong = spec.wrong(b, op, rank, world, root)
                 if wrong:

@@ -505,8 +505,9 @@ def _describe(what: tuple) -> str:
     timed = "" if block == 1 else f", --block {block}"
     where = "" if device == "cpu" else f" on {device}"
     how = (f", {op}" if op else "") + (f", root {root}" if root else "")
-    placed = " in place" if in_place else ""
-    return f"{collective}{placed}, {rank_count(world)}, {backend}{where}, {dtype}{how}{timed}"
+    from commbench.bench.collectives import form_name
+
+    return f"{form_name(collective, in_place)}, {rank_count(world)}, {backend}{where}, {dtype}{how}{timed}"
 
 
 def cmd_summary(files: list[str], across: bool = False) -> int:

@@ -61,6 +61,11 @@ def in_place_form(record: dict) -> bool:
     return record.get("in_place") is True and record.get("collective") in TWO_FORMS
 
 
+def form_name(collective: str, in_place: bool) -> str:
+    """How headings and keys name a collective's form: "all_gather in place", or its name alone."""
+    return f"{collective} in place" if in_place else collective
+
+
 PERIOD = 65521  # the largest prime below 2**16: a rank's pattern repeats after this many elements
 GOLDEN = (5**0.5 - 1) / 2  # its multiples' fractional parts: the ranks' turns in the rank part
 COPY = "copy"  # the pattern of collectives that move data without reducing it

@@ -16,8 +16,10 @@ _COLS = (
 
 def table_header(config: Any, run: dict[str, Any]) -> str:
     """Title lines: what was swept, on what, and how times were taken."""
+    from commbench.bench.collectives import form_name
+
     return (
-        f"# commbench sweep: {config.collective}{' in place' if config.in_place else ''}, "
+        f"# commbench sweep: {form_name(config.collective, config.in_place)}, "
         f"{rank_count(run['world_size'])}, backend {run['backend']}, "
         f"device {run['device']}\n"
         f"# time = median of {config.iters} iterations (after {config.warmup} warm-up) of the slowest "

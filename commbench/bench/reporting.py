@@ -486,8 +486,8 @@ def machine_section(runs: Sequence[Run]) -> list[Block]:
 
 def sweep_section(run: Run, plots: _Plots) -> list[Block]:
     """Per collective and world size: the nccl-tests-style table and busbw against size (the
-    in-place form of reduce_scatter and all_gather in a table of its own)."""
-    from commbench.bench.collectives import in_place_form
+    heading names the in-place form of reduce_scatter and all_gather)."""
+    from commbench.bench.collectives import form_name, in_place_form
     from commbench.bench.report import series_name
 
     blocks: list[Block] = []
@@ -498,7 +498,7 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
     for (world, backend, device, dtype), rows in groups.items():
         collectives = sorted({r["collective"] for r in rows if r["collective"] != "sendrecv"}) or ["sendrecv"]
         placed = {r["collective"] for r in rows if in_place_form(r)}
-        name = ", ".join(c + (" in place" if c in placed else "") for c in collectives)
+        name = ", ".join(form_name(c, c in placed) for c in collectives)
         heading = f"Sweep: {name}, {rank_count(world)}, {backend} on {device}, {dtype}"
         blocks.append(Heading(text=heading, level=3))
         body = []
@@ -835,13 +835,13 @@ def _busbw_map(runs: Sequence[Run]) -> dict[tuple, list[tuple[str, float]]]:
     run are not compared with a float32 baseline's, nor an in-place form's with the other's, and
     a point several files hold is kept once per file (keyed by the point alone, the last file's
     hid the others')."""
-    from commbench.bench.collectives import in_place_form
+    from commbench.bench.collectives import form_name, in_place_form
 
     points: dict[tuple, list[tuple[str, float]]] = {}
     for run in runs:
         for r in run.sweeps:
             key = (
-                r["collective"] + (" in place" if in_place_form(r) else ""),
+                form_name(r["collective"], in_place_form(r)),
                 r["world_size"],
                 r["algorithm"],
                 r["size_bytes"],
