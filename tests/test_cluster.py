@@ -625,7 +625,8 @@ if os.environ.get("RANK") == "1":
 
 
 @needs_privileges
-@pytest.mark.parametrize("records", [pytest.param("file", marks=pytest.mark.slow), "/dev/null"])
+@pytest.mark.slow
+@pytest.mark.parametrize("records", ["file", "/dev/null"])
 def test_wrong_results_keep_the_cluster_record_and_report_then_fail(tmp_path, records):
     """A sweep with wrong elements exits 1 (as nccl-tests fails); the cluster took that for a
     crashed rank ('rank 0 failed'), and the cluster record and each host's bytes were lost. A

@@ -281,15 +281,10 @@ def test_bad_input_to_the_profiled_command_is_its_one_line_and_exit_2(py_spy, tm
     assert not out.exists()
 
 
+@pytest.mark.slow  # all three: make test keeps test_two_rank_profile (CI's ten minutes)
 @pytest.mark.parametrize(
     "sig, group",
-    [
-        (signal.SIGTERM, False),
-        # a stop to the whole group (Ctrl-C, a closed terminal): under `make test-slow`, to keep
-        # `make test` within CI's ten minutes; SIGTERM to profile alone stays in `make test`
-        pytest.param(signal.SIGINT, True, marks=pytest.mark.slow),
-        pytest.param(signal.SIGHUP, True, marks=pytest.mark.slow),
-    ],
+    [(signal.SIGTERM, False), (signal.SIGINT, True), (signal.SIGHUP, True)],
     ids=["sigterm", "sigint-to-group", "sighup-to-group"],  # SIGHUP: the terminal closed
 )
 def test_a_stopped_profile_stops_every_child_and_keeps_the_profiles(py_spy, tmp_path, sig, group):
