@@ -2,7 +2,9 @@
 
 Runs are saved (``--benchmark-autosave``) so ``pytest-benchmark compare`` shows regressions
 between commits. Times are rank 0's; barriers run in the untimed setup. Every rank checks its
-result of one last call, and rooted collectives also run with a root other than rank 0. Compare
+result of one last call, made as every call is from a poisoned output, so a call that writes
+nothing fails. Rooted collectives also run with a root other than rank 0, and reduce_scatter and
+all_gather in their in-place form too (``sweep --in-place``), in groups of their own. Compare
 a benchmark with itself across commits: rank 0 is the pytest process, which also hosts the
 launcher's monitor thread, and each benchmark runs its rounds back to back, so algorithms are
 compared with each other by ``commbench sweep`` (interleaved, slowest rank), not here. With
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from commbench.bench.collectives import SPECS
+from commbench.bench.collectives import SPECS, TWO_FORMS, Buffers, form_name, ready_for_check
 from commbench.comm import ALGORITHMS
 from commbench.comm.costmodel import bus_factor
 from tests.bench_suite.conftest import SMOKE, WORLD
@@ -26,23 +28,34 @@ SIZES = [64 << 10] if SMOKE else [4 << 10, 1 << 20, 16 << 20]
 ROUNDS, WARMUP = (1, 0) if SMOKE else (15, 3)
 ROOTED = ("broadcast", "reduce")  # also run with the last rank as root, where rank 0 is not it
 CASES = [
-    *(pytest.param(c, a, 0, id=f"{c}-{a}") for c, algos in ALGORITHMS.items() for a in algos),
-    *(pytest.param(c, a, WORLD - 1, id=f"{c}-{a}-root{WORLD - 1}") for c in ROOTED for a in ALGORITHMS[c]),
-    pytest.param("sendrecv", "p2p", 0, id="sendrecv-p2p"),
+    *(pytest.param(c, a, 0, False, id=f"{c}-{a}") for c, algos in ALGORITHMS.items() for a in algos),
+    *(
+        pytest.param(c, a, WORLD - 1, False, id=f"{c}-{a}-root{WORLD - 1}")
+        for c in ROOTED
+        for a in ALGORITHMS[c]
+    ),
+    *(pytest.param(c, a, 0, True, id=f"{c}-{a}-in-place") for c in TWO_FORMS for a in ALGORITHMS[c]),
+    pytest.param("sendrecv", "p2p", 0, False, id="sendrecv-p2p"),
 ]
 
 
+def _prepare(b: Buffers, bench_world) -> None:
+    """Before each call, on every rank: the output poisoned and the pristine input in place, so the
+    rounds' results cannot stand in for a last call that wrote nothing."""
+    ready_for_check(b)
+    bench_world.one_more()
+
+
 @pytest.mark.parametrize("size_bytes", SIZES, ids=lambda s: f"{s >> 10}K")
-@pytest.mark.parametrize("collective,algorithm,root", CASES)
-def test_collective(benchmark, bench_world, collective, algorithm, root, size_bytes):
+@pytest.mark.parametrize("collective,algorithm,root,in_place", CASES)
+def test_collective(benchmark, bench_world, collective, algorithm, root, in_place, size_bytes):
     spec = SPECS[collective]
-    b = make(collective, size_bytes, "float32", 0, WORLD, root)
+    b = make(collective, size_bytes, "float32", 0, WORLD, root, in_place)
     announced = False  # whether the other ranks were told of the next call
 
     def setup() -> None:
         nonlocal announced
-        b.input.copy_(b.reference)
-        bench_world.one_more()
+        _prepare(b, bench_world)
         announced = True
 
     def call() -> None:
@@ -53,9 +66,9 @@ def test_collective(benchmark, bench_world, collective, algorithm, root, size_by
         spec.run(b, algorithm, "sum", root, None, bench_world.workspace)
         bench_world.returned()
 
-    benchmark.group = f"{collective} {size_bytes >> 10}K"
+    benchmark.group = f"{form_name(collective, in_place)} {size_bytes >> 10}K"
     try:
-        with bench_world.benchmark(collective, algorithm, size_bytes, "float32", root):
+        with bench_world.benchmark(collective, algorithm, size_bytes, "float32", root, in_place):
             benchmark.pedantic(call, setup=setup, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
             setup()
             call()  # the call every rank checks: rank 0 here, the others in results()
@@ -74,6 +87,7 @@ def test_collective(benchmark, bench_world, collective, algorithm, root, size_by
     if not benchmark.disabled:
         median = benchmark.stats.stats.median
         benchmark.extra_info["size_bytes"] = nbytes
+        benchmark.extra_info["in_place"] = spec.runs_in_place(in_place)
         benchmark.extra_info["busbw_gbps"] = nbytes / median / 1e9 * bus_factor(collective, WORLD)
 
 
@@ -89,3 +103,26 @@ def test_a_wrong_result_on_another_rank_is_seen(bench_world):
         bench_world.returned()
         assert SPECS["sendrecv"].wrong(b, "sum", 0, WORLD, 0) == 0
         assert bench_world.results()[1] == size_bytes // 4
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
+def test_a_last_call_that_writes_nothing_is_seen(bench_world, in_place):
+    """Rank 0's checked call writes into other buffers: its output, right after a round that left
+    it correct, must count as wrong."""
+    spec, size_bytes = SPECS["all_gather"], 4096
+    b = make("all_gather", size_bytes, "float32", 0, WORLD, 0, in_place)
+    elsewhere = make("all_gather", size_bytes, "float32", 0, WORLD, 0, in_place)
+    with bench_world.benchmark("all_gather", "ring", size_bytes, "float32", 0, in_place):
+        _prepare(b, bench_world)
+        spec.run(b, "ring", "sum", 0, None, bench_world.workspace)
+        bench_world.returned()
+        assert spec.wrong(b, "sum", 0, WORLD, 0) == 0
+        _prepare(b, bench_world)
+        ready_for_check(elsewhere)
+        spec.run(elsewhere, "ring", "sum", 0, None, bench_world.workspace)
+        bench_world.returned()
+        assert spec.wrong(elsewhere, "sum", 0, WORLD, 0) == 0
+        # every element, but for rank 0's own part where that is its input
+        unwritten = b.output.numel() - (b.input.numel() if in_place else 0)
+        assert spec.wrong(b, "sum", 0, WORLD, 0) == unwritten
+        assert bench_world.results() == dict.fromkeys(range(1, WORLD), 0)

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from commbench import comm
 from commbench.bench import cluster, launch
-from commbench.bench.collectives import SPECS, Buffers
+from commbench.bench.collectives import SPECS, Buffers, form_name, ready_for_check
 from commbench.bench.records import first_line
 from commbench.comm.ops import parse_dtype
 
@@ -42,12 +42,14 @@ HELPERS_STOP_S = 30.0  # how long a broken world waits for the other ranks to en
 DONE = 0  # what rank 0 broadcasts after a benchmark's last call; before each call, its number (1, 2, ...)
 
 
-def make(collective: str, size_bytes: int, dtype: str, rank: int, world: int, root: int = 0) -> Buffers:
+def make(
+    collective: str, size_bytes: int, dtype: str, rank: int, world: int, root: int = 0, in_place: bool = False
+) -> Buffers:
+    """A rank's buffers, in the in-place form where ``in_place`` and the collective has one."""
     spec = SPECS[collective]
     dt = parse_dtype(dtype)
-    return spec.make(
-        spec.count(size_bytes, dt.itemsize, world), dt, torch.device("cpu"), rank, world, "sum", root
-    )
+    count = spec.count(size_bytes, dt.itemsize, world)
+    return spec.make_for(count, dt, torch.device("cpu"), rank, world, "sum", root, in_place)
 
 
 def _next(word: int = DONE) -> int:
@@ -73,15 +75,15 @@ def _helper(host: str, port: int, world: int) -> None:
     workspace = comm.Workspace()
     i = 0
     while (cmd := pickle.loads(store.get(f"cmd/{i}"))) is not None:
-        collective, algorithm, size_bytes, dtype, root = cmd
+        collective, algorithm, size_bytes, dtype, root, in_place = cmd
         spec = SPECS[collective]
-        b = make(collective, size_bytes, dtype, rank, world, root)
+        b = make(collective, size_bytes, dtype, rank, world, root, in_place)
         while (word := _next()) != DONE:
             if word != i + 1:
                 raise RuntimeError(
                     f"rank {rank} repeats benchmark {i + 1}, but rank 0 asks for benchmark {word}"
                 )
-            b.input.copy_(b.reference)
+            ready_for_check(b)  # any call may be the checked one: a call that writes nothing must show
             dist.barrier()
             spec.run(b, algorithm, "sum", root, None, workspace)
         store.set(f"wrong/{i}/{rank}", str(spec.wrong(b, "sum", rank, world, root)))
@@ -136,7 +138,7 @@ class BenchWorld:
 
     @contextlib.contextmanager
     def benchmark(
-        self, collective: str, algorithm: str, size_bytes: int, dtype: str, root: int
+        self, collective: str, algorithm: str, size_bytes: int, dtype: str, root: int, in_place: bool = False
     ) -> Iterator[None]:
         """The other ranks repeat this call, each time rank 0 calls :meth:`one_more`, until
         :meth:`results` or the end of the body, however it ends (skipped where the world broke)."""
@@ -144,9 +146,10 @@ class BenchWorld:
             self.broken = f"the other ranks' launcher: {first_line(self.error)}"
         if self.broken is not None:
             pytest.skip(f"the benchmark world broke earlier ({self.broken})")
-        what = f"{collective} {algorithm} {size_bytes} B root {root}"
+        what = f"{form_name(collective, in_place)} {algorithm} {size_bytes} B root {root}"
         self.i += 1
-        self.store.set(f"cmd/{self.i - 1}", pickle.dumps((collective, algorithm, size_bytes, dtype, root)))
+        cmd = (collective, algorithm, size_bytes, dtype, root, in_place)
+        self.store.set(f"cmd/{self.i - 1}", pickle.dumps(cmd))
         self._open = True
         try:
             yield
@@ -163,8 +166,8 @@ class BenchWorld:
                 self._done(what)
 
     def one_more(self) -> None:
-        """Before each call on rank 0: the others copy their input afresh and meet it at a barrier.
-        The call ends with :meth:`returned`."""
+        """Before each call on rank 0: the others poison their output, copy their input afresh
+        (``ready_for_check``) and meet it at a barrier. The call ends with :meth:`returned`."""
         self._calling = True
         _next(self.i)
         dist.barrier()
