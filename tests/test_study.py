@@ -246,6 +246,21 @@ def test_unknown_study_lists_the_known_ones(capsys):
     assert err.count("\n") == 1 and all(n in err for n in NAMES)
 
 
+@pytest.mark.parametrize("form", ["absolute", "relative", "suffix"])
+def test_a_study_is_named_by_its_stem_not_by_a_path(tmp_path, capsys, form):
+    """A path read the TOML file it named outside studies/, and wrote to study-/tmp/...; it is an
+    unknown study now, as a stem with .toml is."""
+    (tmp_path / "mine.toml").write_text((study.studies_dir() / f"{NAMES[0]}.toml").read_text())
+    name = {
+        "absolute": str(tmp_path / "mine"),
+        "relative": os.path.relpath(tmp_path / "mine", study.studies_dir()),
+        "suffix": f"{NAMES[0]}.toml",
+    }[form]
+    assert main(["study", name, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"unknown study {name!r}" in err, err
+
+
 def test_list(capsys):
     assert main(["study", "--list"]) == 0
     out = capsys.readouterr().out

@@ -140,11 +140,14 @@ class Study:
 
 
 def load_study(name: str, directory: Path | None = None) -> Study:
-    """Parse ``studies/NAME.toml``; ValueError names the unknown study or the bad entry."""
+    """Parse ``studies/NAME.toml``; ValueError names the unknown study or the bad entry. A name is a
+    stem in ``studies/``, not a path: "/tmp/x" once read /tmp/x.toml and named its output study-/tmp/x."""
     directory = directory or studies_dir()
-    path = directory / f"{name}.toml"
-    if not path.is_file():
-        raise ValueError(f"unknown study {name!r}; known: {', '.join(known_studies(directory)) or 'none'}")
+    path, known = directory / f"{name}.toml", known_studies(directory)
+    if name not in known or not path.is_file():
+        raise ValueError(
+            f"unknown study {name!r} (a file stem in studies/); known: {', '.join(known) or 'none'}"
+        )
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
