@@ -570,6 +570,10 @@ def _grid_of(axes: int, points: int) -> str:
             _grid_of(4, 100),
             "study bad plans more than 10000 runs (group 'group 1''s grid alone has 100000000)",
         ),
+        (  # the second group's grid is below the limit: it is the sum that passes it
+            _grid_of(1, 6000) + _grid_of(1, 5000),
+            "study bad plans more than 10000 runs (group 'group 2''s grid adds 5000 to the 6000 before it)",
+        ),
     ],
 )
 def test_options_that_run_nothing_write_elsewhere_or_never_end_are_refused(

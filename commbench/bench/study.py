@@ -396,9 +396,13 @@ def plan(study: Study, scale: str, out_dir: str | Path, cluster_ok: bool = True)
         keys = list(grid)
         points = math.prod(len(grid[k]) for k in keys)
         if len(planned) + points > MAX_RUNS:  # counted first: a grid of 10^8 points planned for ever
+            # the group that crossed the limit, alone or after the groups before it
+            why = f"group {group.label!r}'s grid " + (
+                f"adds {points} to the {len(planned)} before it" if planned else f"alone has {points}"
+            )
             raise ValueError(
-                f"study {study.name} plans more than {MAX_RUNS} runs (group {group.label!r}'s grid "
-                f"alone has {points}); a study is run by run, and that many would not end"
+                f"study {study.name} plans more than {MAX_RUNS} runs ({why}); a study is run by run, "
+                "and that many would not end"
             )
         for values in itertools.product(*(grid[k] for k in keys)):
             point = tuple(zip(keys, values, strict=True))
