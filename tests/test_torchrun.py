@@ -96,7 +96,10 @@ def test_a_stop_under_torchrun_keeps_what_rank_0_finished(tmp_path, sig):
     kinds = [json.loads(line)["type"] for line in path.read_text().splitlines()]
     assert kinds[0] == "header" and kinds[-1] == "probe" and set(kinds[1:-1]) == {"sweep"}, kinds
     said = [line for line in (tmp_path / "stderr").read_text().splitlines() if line.startswith("commbench")]
-    assert said and all(line.startswith("commbench: interrupted; finished points are in ") for line in said)
+    assert sorted(said) == [
+        f"commbench: interrupted; finished points are in {path}",
+        "commbench: interrupted; rank 0 writes the finished points (this is rank 1)",
+    ], said
 
 
 def _lines(path: Path) -> int:
@@ -121,6 +124,41 @@ def test_world_size_that_contradicts_the_launcher_is_bad_input(monkeypatch, caps
     assert main(["sweep", "--world-size", "4", "-b", "1K", "-e", "1K"]) == 2
     err = capsys.readouterr().err
     assert "disagrees with the launcher's world of 2" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_an_interrupted_rank_says_where_the_points_are_only_where_it_wrote_them(
+    tmp_path, monkeypatch, capsys, rank
+):
+    """Every rank of torchrun's says it was interrupted. Rank 1 read the records path itself: two
+    lines naming rank 0's file, and on another node, where the file is not, "nothing had finished,
+    ... was not written" of the points rank 0 had kept."""
+    from commbench.bench import launch
+
+    for key in ("SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in {
+        "RANK": rank,
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "9",
+    }.items():
+        monkeypatch.setenv(key, value)
+    # rank 1's as on another node: not there
+    path = tmp_path / "r.jsonl" if rank == "0" else tmp_path / "elsewhere" / "r.jsonl"
+
+    def stopped(*args):
+        if rank == "0":
+            path.write_text('{"type": "header"}\n{"type": "sweep"}\n')
+        raise launch.Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(launch, "run", stopped)
+    assert main(["sweep", "-b", "4K", "-e", "4K", "--no-probe", "--json", str(path)]) == 128 + signal.SIGTERM
+    said = {
+        "0": f"commbench: interrupted; finished points are in {path}\n",
+        "1": "commbench: interrupted; rank 0 writes the finished points (this is rank 1)\n",
+    }
+    assert capsys.readouterr().err == said[rank]
 
 
 SWEEP_ON_TWO_NODES = "sweep -b 4K -e 4K -n 2 -w 1 -a ring --csv results/r.csv"

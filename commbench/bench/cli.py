@@ -585,6 +585,11 @@ def _import_launch() -> Any:
     return launch
 
 
+def _rank_here() -> str:
+    """This process's rank as its launcher (torchrun or SLURM) numbers it."""
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "?"))
+
+
 def _kept(path: str | None, before: tuple[int, int, int] | None = None, *, csv: bool = False) -> str:
     """What an interrupted run left in ``path`` (JSON Lines, or with ``csv`` a CSV file), for its
     one-line message; ``before`` is the file's :func:`~commbench.bench.records.file_stamp` when the
@@ -791,7 +796,11 @@ def _main(argv: list[str] | None) -> int:
 
         signals.ignore_further(exiting=True)  # a second Ctrl-C would cut the exit's clean-up short
         kept = ""
-        if args:
+        if args and not launch.writes_outputs():
+            # another rank of torchrun's or SLURM's: it writes nothing, and on another node the path
+            # read here said "nothing had finished, ... was not written" of rank 0's records
+            kept = f"; rank 0 writes the finished points (this is rank {_rank_here()})"
+        elif args:
             path = _records_path(args)
             kept = _kept(path, getattr(args, "records_before", None), csv=path == getattr(args, "csv", None))
         print("commbench: interrupted" + kept, file=sys.stderr)
