@@ -126,13 +126,14 @@ def test_world_size_that_contradicts_the_launcher_is_bad_input(monkeypatch, caps
     assert "disagrees with the launcher's world of 2" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("records", [True, False], ids=["json", "none"])
 @pytest.mark.parametrize("rank", ["0", "1"])
 def test_an_interrupted_rank_says_where_the_points_are_only_where_it_wrote_them(
-    tmp_path, monkeypatch, capsys, rank
+    tmp_path, monkeypatch, capsys, rank, records
 ):
     """Every rank of torchrun's says it was interrupted. Rank 1 read the records path itself: two
     lines naming rank 0's file, and on another node, where the file is not, "nothing had finished,
-    ... was not written" of the points rank 0 had kept."""
+    ... was not written" of the points rank 0 had kept. Without a records file no rank names one."""
     from commbench.bench import launch
 
     for key in ("SLURM_PROCID", "SLURM_NTASKS"):
@@ -148,17 +149,18 @@ def test_an_interrupted_rank_says_where_the_points_are_only_where_it_wrote_them(
     path = tmp_path / "r.jsonl" if rank == "0" else tmp_path / "elsewhere" / "r.jsonl"
 
     def stopped(*args):
-        if rank == "0":
+        if rank == "0" and records:
             path.write_text('{"type": "header"}\n{"type": "sweep"}\n')
         raise launch.Interrupted(signal.SIGTERM)
 
     monkeypatch.setattr(launch, "run", stopped)
-    assert main(["sweep", "-b", "4K", "-e", "4K", "--no-probe", "--json", str(path)]) == 128 + signal.SIGTERM
+    argv = ["sweep", "-b", "4K", "-e", "4K", "--no-probe"] + (["--json", str(path)] if records else [])
+    assert main(argv) == 128 + signal.SIGTERM
     said = {
         "0": f"commbench: interrupted; finished points are in {path}\n",
         "1": "commbench: interrupted; rank 0 writes the finished points (this is rank 1)\n",
     }
-    assert capsys.readouterr().err == said[rank]
+    assert capsys.readouterr().err == (said[rank] if records else "commbench: interrupted\n")
 
 
 SWEEP_ON_TWO_NODES = "sweep -b 4K -e 4K -n 2 -w 1 -a ring --csv results/r.csv"

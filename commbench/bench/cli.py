@@ -586,7 +586,8 @@ def _import_launch() -> Any:
 
 
 def _rank_here() -> str:
-    """This process's rank as its launcher (torchrun or SLURM) numbers it."""
+    """This process's rank as its launcher (torchrun or SLURM) numbers it (one that cannot be
+    read is taken for rank 0 by ``launch.writes_outputs``, and never asked here)."""
     return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "?"))
 
 
@@ -796,12 +797,12 @@ def _main(argv: list[str] | None) -> int:
 
         signals.ignore_further(exiting=True)  # a second Ctrl-C would cut the exit's clean-up short
         kept = ""
-        if args and not launch.writes_outputs():
-            # another rank of torchrun's or SLURM's: it writes nothing, and on another node the path
-            # read here said "nothing had finished, ... was not written" of rank 0's records
+        path = _records_path(args) if args else None
+        if path and args.command in ("sweep", "train", "compare") and not launch.writes_outputs():
+            # another rank of torchrun's or SLURM's, whose rank 0 alone writes: on another node the
+            # path read here said "nothing had finished, ... was not written" of rank 0's records
             kept = f"; rank 0 writes the finished points (this is rank {_rank_here()})"
-        elif args:
-            path = _records_path(args)
+        elif path:
             kept = _kept(path, getattr(args, "records_before", None), csv=path == getattr(args, "csv", None))
         print("commbench: interrupted" + kept, file=sys.stderr)
         return 128 + getattr(exc, "signum", 2)
