@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from commbench import comm
+from commbench.bench import report
 from commbench.bench.cli import main
 from commbench.comm import p2p, tcp
 from tests import recorded
@@ -184,6 +185,12 @@ def test_sweep_writes_table_json_csv_and_plot(recorded_sweep, monkeypatch):
     header, records = lines[0], [r for r in lines[1:] if r["type"] == "sweep"]
     (probe,) = [r for r in lines if r["type"] == "probe"]  # the rank-0 sampler's timeline, written last
     assert lines[-1] is probe and probe["samples"] and probe["nic"] == "lo"
+    # the table ends as nccl-tests' does (wrong elements, mean busbw), before the probe's own line
+    footer = report.table_footer(records).splitlines()
+    printed = out.stdout.splitlines()
+    at = printed.index(footer[0])
+    assert printed[at : at + 2] == footer and printed[at + 2].startswith("# probe:"), printed[at:]
+    assert footer[0] == "# wrong elements: 0 OK"
     assert header["type"] == "header" and header["torch"] and "sweep" in header["command"]
     assert header["tcp_congestion_control"]["local_connections"] == tcp.summary()["local_connections"]
     assert header["tcp_notsent_lowat"] == tcp.notsent_summary()
@@ -275,9 +282,10 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
         time.sleep(0.2)
     children = psutil.Process(proc.pid).children(recursive=True)
     os.killpg(proc.pid, sig)
-    _, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + sig, err
     assert err.strip().startswith("commbench: interrupted") and "\n" not in err.strip(), err
+    assert "# avg busbw" not in out  # the closing lines are for a sweep that ran every size
     kept = [json.loads(x) for x in path.read_text().splitlines()]
     assert kept[0]["type"] == "header" and len(kept) >= 3
     gone, alive = psutil.wait_procs(children, timeout=30)

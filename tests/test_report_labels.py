@@ -51,6 +51,30 @@ def test_send_recv_beside_a_collective_is_the_limit():
     assert names == ["builtin", "ring", "limit"]
 
 
+def test_the_table_ends_with_the_wrong_elements_and_each_series_mean_busbw():
+    two_sizes = BESIDE + [
+        _record("all_reduce", "builtin", 8192, 3.0),
+        _record("all_reduce", "ring", 8192, 2.9, wrong=1),
+        _record("sendrecv", "limit", 8192, 4.0),
+    ]
+    assert report.table_footer(two_sizes).splitlines() == [
+        "# wrong elements: 786432 FAILED",
+        "# avg busbw (GB/s, mean over sizes): builtin 2.000  ring 2.000  limit 3.000",
+    ]
+    assert report.table_footer(SENDRECV).splitlines() == [
+        "# wrong elements: 0 OK",
+        "# avg busbw (GB/s, mean over sizes): p2p 0.500  p2p@1K 0.250",
+    ]
+    unchecked = [{**r, "wrong": None} for r in BESIDE]
+    assert report.table_footer(unchecked).startswith("# wrong elements: not checked (-c 0)\n")
+    # auto is one series, whatever it picked at each size
+    picked = [
+        {**_record("all_reduce", "auto", 4096, 1.0), "resolved_algorithm": "rd"},
+        {**_record("all_reduce", "auto", 8192, 2.0), "resolved_algorithm": "ring"},
+    ]
+    assert report.table_footer(picked).endswith(": auto 1.500")
+
+
 def test_the_report_names_series_and_counts_wrong_elements_in_full(tmp_path):
     for name, records in (("alone", SENDRECV), ("beside", BESIDE)):
         path = tmp_path / f"{name}.jsonl"

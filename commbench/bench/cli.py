@@ -340,6 +340,8 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None, command: str | 
         sink = Rank0Output(config, machine_info(dist.get_backend(), command), nic)
     try:
         records = run_rank(config, device, sink if sink is not None else (lambda kind, payload: None), nic)
+        if sink is not None:
+            sink.finished()
     finally:
         if sink is not None:
             sink.close()

@@ -80,6 +80,27 @@ def table_rows(records: Sequence[Any]) -> str:
     return "\n".join(lines)
 
 
+def table_footer(records: Sequence[Any]) -> str:
+    """Closing lines, as nccl-tests ends its table: the wrong elements over every point and rank,
+    and each series' busbw averaged over the sizes (the plain mean, nccl-tests' "Avg bus
+    bandwidth"; 0 at one rank, where nothing crosses a bus)."""
+    rows = [_fields(r) for r in records]
+    beside = any(r["collective"] != "sendrecv" for r in rows)
+    busbw: dict[str, list[float]] = {}
+    for r in rows:
+        busbw.setdefault("limit" if r["collective"] == "sendrecv" and beside else r["algorithm"], []).append(
+            r["busbw_gbps"]
+        )
+    checked = [r["wrong"] for r in rows if r["wrong"] is not None]
+    if not checked:
+        wrong = "not checked (-c 0)"
+    else:
+        total = sum(checked)
+        wrong = f"{total} {'OK' if total == 0 else 'FAILED'}"
+    means = "  ".join(f"{name} {sum(v) / len(v):.3f}" for name, v in busbw.items())
+    return f"# wrong elements: {wrong}\n# avg busbw (GB/s, mean over sizes): {means}"
+
+
 @contextlib.contextmanager
 def _figure(*args: Any, **kwargs: Any) -> Iterator[tuple[Any, Any]]:
     """``plt.subplots(*args, **kwargs)`` (Agg, no display), closed however the drawing ends: a plot

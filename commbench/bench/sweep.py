@@ -555,6 +555,7 @@ class Rank0Output:
         self.report = report
         self.bar = None
         self.pending: list[SweepRecord] = []
+        self.done: list[SweepRecord] = []
         self.probe = None
         self.probe_record: dict | None = None
         if config.probe:
@@ -589,6 +590,7 @@ class Rank0Output:
         elif kind == "record":
             self.writer.write(payload)
             self.pending.append(payload)
+            self.done.append(payload)
             if len(self.pending) == len(self.config.series):
                 if self.probe is not None:
                     self.probe.mark(f"{payload.size_bytes} B")
@@ -606,6 +608,14 @@ class Rank0Output:
                     else:
                         say(line)
                 self.pending = []
+
+    def finished(self) -> None:
+        """After the last point (not where the run stopped early): the table's closing lines."""
+        if self.done and not self.config.quiet:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+            say(self.report.table_footer(self.done))
 
     def close(self) -> None:
         if self.bar is not None:
