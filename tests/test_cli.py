@@ -340,6 +340,9 @@ def test_summary_prints_ratio_tables(recorded_sweep, capsys):
     assert main(["summary", str(recorded_sweep.json)]) == 0
     table = capsys.readouterr().out
     assert "| 2048 |" in table and "| 2097152 |" in table and "ring / builtin" in table
+    records = [r for r in recorded_sweep.records() if r["type"] == "sweep"]
+    closing = [f"- {line}" for line in report.closing_lines(records)]  # as the sweep's table ended
+    assert "\n".join(closing) in table and closing[0] == "- wrong elements: 0 OK"
 
 
 def test_a_reader_that_leaves_early_ends_the_output_without_a_traceback(recorded_sweep):

@@ -73,6 +73,12 @@ def test_the_table_ends_with_the_wrong_elements_and_each_series_mean_busbw():
         {**_record("all_reduce", "auto", 8192, 2.0), "resolved_algorithm": "ring"},
     ]
     assert report.table_footer(picked).endswith(": auto 1.500")
+    # summary's files may lack fields, and hold other records
+    bare = [{k: v for k, v in r.items() if k not in ("wrong", "busbw_gbps")} for r in SENDRECV]
+    assert report.closing_lines([{"type": "header"}, *bare]) == [
+        "wrong elements: not checked (-c 0)",
+        "avg busbw (GB/s, mean over sizes): p2p -  p2p@1K -",
+    ]
 
 
 def test_the_report_names_series_and_counts_wrong_elements_in_full(tmp_path):

@@ -513,7 +513,7 @@ def _describe(what: tuple) -> str:
 
 
 def cmd_summary(files: list[str], across: bool = False) -> int:
-    from commbench.bench.report import ratio_table, spread_table
+    from commbench.bench.report import closing_lines, ratio_table, spread_table
 
     loaded = [(path, *_sweep_file(path)) for path in files]
     if across:
@@ -531,6 +531,8 @@ def cmd_summary(files: list[str], across: bool = False) -> int:
         print(f"### {path}: {_describe(_what(records))}")
         print(f"\n`{header.get('command', '?')}`\n")
         print(ratio_table(records))
+        print()
+        print("\n".join(f"- {line}" for line in closing_lines(records)))  # as the sweep's table ended
         print()
     return 0
 

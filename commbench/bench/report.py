@@ -80,25 +80,31 @@ def table_rows(records: Sequence[Any]) -> str:
     return "\n".join(lines)
 
 
-def table_footer(records: Sequence[Any]) -> str:
-    """Closing lines, as nccl-tests ends its table: the wrong elements over every point and rank,
-    and each series' busbw averaged over the sizes (the plain mean, nccl-tests' "Avg bus
-    bandwidth"; 0 at one rank, where nothing crosses a bus)."""
-    rows = [_fields(r) for r in records]
+def closing_lines(records: Sequence[Any]) -> list[str]:
+    """What ends a sweep's table, as nccl-tests ends its own: the wrong elements over every point
+    and rank, and each series' busbw averaged over the sizes (the plain mean, nccl-tests' "Avg bus
+    bandwidth"; 0 at one rank, where nothing crosses a bus). Records of other types are left out."""
+    rows = [r for r in map(_fields, records) if r.get("type", "sweep") == "sweep"]
     beside = any(r["collective"] != "sendrecv" for r in rows)
     busbw: dict[str, list[float]] = {}
-    for r in rows:
-        busbw.setdefault("limit" if r["collective"] == "sendrecv" and beside else r["algorithm"], []).append(
-            r["busbw_gbps"]
-        )
-    checked = [r["wrong"] for r in rows if r["wrong"] is not None]
+    for r in rows:  # a file's record may lack a field (summary reads files written by hand too)
+        name = "limit" if r["collective"] == "sendrecv" and beside else r["algorithm"]
+        values = busbw.setdefault(name, [])
+        if r.get("busbw_gbps") is not None:
+            values.append(r["busbw_gbps"])
+    checked = [r["wrong"] for r in rows if r.get("wrong") is not None]
     if not checked:
         wrong = "not checked (-c 0)"
     else:
         total = sum(checked)
         wrong = f"{total} {'OK' if total == 0 else 'FAILED'}"
-    means = "  ".join(f"{name} {sum(v) / len(v):.3f}" for name, v in busbw.items())
-    return f"# wrong elements: {wrong}\n# avg busbw (GB/s, mean over sizes): {means}"
+    means = "  ".join(f"{name} {sum(v) / len(v):.3f}" if v else f"{name} -" for name, v in busbw.items())
+    return [f"wrong elements: {wrong}", f"avg busbw (GB/s, mean over sizes): {means}"]
+
+
+def table_footer(records: Sequence[Any]) -> str:
+    """:func:`closing_lines` as the sweep's table prints them."""
+    return "\n".join(f"# {line}" for line in closing_lines(records))
 
 
 @contextlib.contextmanager
