@@ -59,11 +59,11 @@ def test_the_table_ends_with_the_wrong_elements_and_each_series_mean_busbw():
     ]
     assert report.table_footer(two_sizes).splitlines() == [
         "# wrong elements: 786432 FAILED",
-        "# avg busbw (GB/s, mean over sizes): builtin 2.000  ring 2.000  limit 3.000",
+        "# avg busbw (GB/s, mean over 2 sizes): builtin 2.000  ring 2.000  limit 3.000",
     ]
     assert report.table_footer(SENDRECV).splitlines() == [
         "# wrong elements: 0 OK",
-        "# avg busbw (GB/s, mean over sizes): p2p 0.500  p2p@1K 0.250",
+        "# avg busbw (GB/s, mean over 1 size): p2p 0.500  p2p@1K 0.250",
     ]
     unchecked = [{**r, "wrong": None} for r in BESIDE]
     assert report.table_footer(unchecked).startswith("# wrong elements: not checked (-c 0)\n")
@@ -76,8 +76,8 @@ def test_the_table_ends_with_the_wrong_elements_and_each_series_mean_busbw():
     # summary's files may lack fields, and hold other records
     bare = [{k: v for k, v in r.items() if k not in ("wrong", "busbw_gbps")} for r in SENDRECV]
     assert report.closing_lines([{"type": "header"}, *bare]) == [
-        "wrong elements: not checked (-c 0)",
-        "avg busbw (GB/s, mean over sizes): p2p -  p2p@1K -",
+        "wrong elements: not recorded",
+        "avg busbw (GB/s, mean over 1 size): p2p -  p2p@1K -",
     ]
 
 

@@ -81,9 +81,12 @@ def table_rows(records: Sequence[Any]) -> str:
 
 
 def closing_lines(records: Sequence[Any]) -> list[str]:
-    """What ends a sweep's table, as nccl-tests ends its own: the wrong elements over every point
-    and rank, and each series' busbw averaged over the sizes (the plain mean, nccl-tests' "Avg bus
-    bandwidth"; 0 at one rank, where nothing crosses a bus). Records of other types are left out."""
+    """What ends a sweep's table, after nccl-tests' closing lines: the wrong elements over every
+    point and rank (nccl-tests counts failed checks), and each series' busbw averaged over the
+    sizes (the plain mean, as nccl-tests' "Avg bus bandwidth", which is one figure over every
+    series and both forms; a collective's is 0 at one rank, where nothing crosses a bus, while the
+    limit's is a copy's). The count of sizes says where a file holds fewer than its sweep planned
+    (one cut short by a stop). Records of other types are left out."""
     rows = [r for r in map(_fields, records) if r.get("type", "sweep") == "sweep"]
     beside = any(r["collective"] != "sendrecv" for r in rows)
     busbw: dict[str, list[float]] = {}
@@ -94,12 +97,16 @@ def closing_lines(records: Sequence[Any]) -> list[str]:
             values.append(r["busbw_gbps"])
     checked = [r["wrong"] for r in rows if r.get("wrong") is not None]
     if not checked:
-        wrong = "not checked (-c 0)"
+        wrong = "not checked (-c 0)" if any("wrong" in r for r in rows) else "not recorded"
     else:
         total = sum(checked)
         wrong = f"{total} {'OK' if total == 0 else 'FAILED'}"
     means = "  ".join(f"{name} {sum(v) / len(v):.3f}" if v else f"{name} -" for name, v in busbw.items())
-    return [f"wrong elements: {wrong}", f"avg busbw (GB/s, mean over sizes): {means}"]
+    sizes = len({r.get("size_bytes") for r in rows})
+    return [
+        f"wrong elements: {wrong}",
+        f"avg busbw (GB/s, mean over {sizes} size{'s' * (sizes != 1)}): {means}",
+    ]
 
 
 def table_footer(records: Sequence[Any]) -> str:
