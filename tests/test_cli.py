@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -192,6 +193,15 @@ def test_sweep_writes_table_json_csv_and_plot(recorded_sweep, monkeypatch):
     assert printed[at : at + 2] == footer and printed[at + 2].startswith("# probe:"), printed[at:]
     assert footer[0] == "# wrong elements: 0 OK"
     assert header["type"] == "header" and header["torch"] and "sweep" in header["command"]
+    # where each rank ran, as nccl-tests lists them: in the header, and under the table's title
+    places = header["ranks"]
+    assert [p["host"] for p in places] == [socket.gethostname()] * recorded.SWEEP_WORLD
+    assert {p["device"] for p in places} == {"cpu"} and len(
+        {p["pid"] for p in places}
+    ) == recorded.SWEEP_WORLD
+    listed = [line for line in printed if line.startswith("#  rank ")]
+    assert listed == [f"#  rank {i}: host {p['host']}, pid {p['pid']}, cpu" for i, p in enumerate(places)]
+    assert printed.index(listed[0]) == 1  # just under the title
     assert header["tcp_congestion_control"]["local_connections"] == tcp.summary()["local_connections"]
     assert header["tcp_notsent_lowat"] == tcp.notsent_summary()
     assert header["gloo_cuda_host_copies_from"] == comm.stage_whole_from()

@@ -155,9 +155,25 @@ def test_cuda_sweep(tmp_path, args):
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()[1:]]
+    header, *lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     records = [r for r in lines if r["type"] == "sweep"]
     assert records and all(r["device"] == "cuda" and r["wrong"] == 0 for r in records)
+    # each rank's GPU, by name and PCI address as NVML gives it (one GPU here: every rank's is 0)
+    import torch
+
+    places = header["ranks"]
+    assert len(places) == int(args[1]) and {p["device"] for p in places} == {"cuda:0"}
+    assert {p["gpu"] for p in places} == {torch.cuda.get_device_name(0)}
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        bus = pynvml.nvmlDeviceGetPciInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).busId
+    finally:
+        pynvml.nvmlShutdown()
+    bus = (bus.decode() if isinstance(bus, bytes) else bus).lower()
+    assert all(bus.endswith(p["pci"]) for p in places), (bus, places)
+    assert f"#  rank 0: host {places[0]['host']}, pid {places[0]['pid']}, cuda:0 " in out.stdout
 
 
 def _batch_searches(tmp_path: Path, command: str, *args: str) -> list[dict]:

@@ -246,3 +246,12 @@ def test_the_in_place_form_is_named_and_kept_apart_from_the_other():
             for r in (placed, other)]  # fmt: skip
     keys = [next(iter(reporting._busbw_map([run]))) for run in runs]
     assert keys[0][0] == "all_gather in place" and keys[1][0] == "all_gather"
+
+
+def test_a_rank_s_place_names_its_gpu_and_its_pci_address_where_it_has_them():
+    from commbench.bench.machine import describe_place
+
+    gpu = {"host": "h", "pid": 42, "device": "cuda:1", "gpu": "NVIDIA H100", "pci": "0000:1b:00.0"}
+    assert describe_place(1, gpu) == "rank 1: host h, pid 42, cuda:1 NVIDIA H100 [0000:1b:00.0]"
+    assert describe_place(0, {**gpu, "pci": None}) == "rank 0: host h, pid 42, cuda:1 NVIDIA H100"
+    assert describe_place(2, {"host": "h", "pid": 7, "device": "cpu"}) == "rank 2: host h, pid 7, cpu"

@@ -87,6 +87,36 @@ def _gpus() -> dict[str, Any] | None:
             pynvml.nvmlShutdown()
 
 
+def rank_place(device: torch.device) -> dict[str, Any]:
+    """Where this rank runs: its host, process and device, with a GPU's name and PCI address (as
+    nccl-tests lists each rank's before its table)."""
+    place: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "device": str(device)}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        place["gpu"] = props.name
+        bus = [getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
+        if None not in bus:
+            place["pci"] = f"{bus[0]:04x}:{bus[1]:02x}:{bus[2]:02x}.0"
+    return place
+
+
+def rank_places(device: torch.device) -> list[dict[str, Any]]:
+    """Every rank's :func:`rank_place`, on every rank of the default group (one small all-gather)."""
+    import torch.distributed as dist
+
+    places: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(places, rank_place(device))
+    return places
+
+
+def describe_place(rank: int, place: dict[str, Any]) -> str:
+    """One rank's line under a table's title: "rank 1: host h, pid 42, cuda:1 NVIDIA H100 [0000:1b:00.0]"."""
+    where = place.get("device", "?")
+    if place.get("gpu"):
+        where += f" {place['gpu']}" + (f" [{place['pci']}]" if place.get("pci") else "")
+    return f"rank {rank}: host {place.get('host', '?')}, pid {place.get('pid', '?')}, {where}"
+
+
 def command_line(argv: Sequence[str] | None = None) -> str:
     """The command line as typed: ``commbench`` and ``argv`` where the CLI was handed its words (a
     study runs each of its commands so, in its own process, whose arguments are the study's), else

@@ -14,14 +14,17 @@ _COLS = (
 )
 
 
-def table_header(config: Any, run: dict[str, Any]) -> str:
-    """Title lines: what was swept, on what, and how times were taken."""
+def table_header(config: Any, run: dict[str, Any], ranks: Sequence[dict[str, Any]] | None = None) -> str:
+    """Title lines: what was swept, on what (each rank's host, process and device where ``ranks``
+    gives them, as nccl-tests lists them), and how times were taken."""
     from commbench.bench.collectives import form_name
+    from commbench.bench.machine import describe_place
 
+    places = "".join(f"#  {describe_place(i, p)}\n" for i, p in enumerate(ranks or ()))
     return (
         f"# commbench sweep: {form_name(config.collective, config.in_place)}, "
         f"{rank_count(run['world_size'])}, backend {run['backend']}, "
-        f"device {run['device']}\n"
+        f"device {run['device']}\n{places}"
         f"# time = median of {config.iters} iterations (after {config.warmup} warm-up) of the slowest "
         f"rank; {_order(config)}; GB/s = 1e9 B/s\n"
         f"# busbw = algbw x bus factor (nccl-tests); 'limit' = bidirectional send/recv between ring "

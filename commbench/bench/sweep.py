@@ -552,6 +552,7 @@ class Rank0Output:
         self.config = config
         self.writer = RecordWriter(config.json_path, config.csv_path)
         self.writer.header(info)
+        self.ranks = info.get("ranks")  # where each rank runs (machine.rank_places), for the table
         self.report = report
         self.bar = None
         self.pending: list[SweepRecord] = []
@@ -581,7 +582,7 @@ class Rank0Output:
                     dynamic_ncols=True,
                     disable=not sys.stderr.isatty(),
                 )
-                say(self.report.table_header(self.config, payload))
+                say(self.report.table_header(self.config, payload, self.ranks))
                 if self.probe is not None:
                     say(self.probe.describe())
         elif kind == "step":
