@@ -551,6 +551,10 @@ def test_three_hosts_bytes_per_host_match_the_cost_model(tmp_path, capfd, monkey
     assert rec["link_rate_gbps"] == 0.5 and rec["tc"]["rate_bit"] == 5 * 10**8
     hosts = rec["hosts"]
     assert [h["address"] for h in hosts] == ["198.18.0.100", "198.18.0.101", "198.18.0.102"]
+    # the hosts share a hostname: the table's rank lines and the header tell them apart by address
+    places = records[0]["ranks"]
+    assert sorted(p["address"] for p in places) == [h["address"] for h in hosts]
+    assert all(f"({p['address']}), pid {p['pid']}, cpu" in captured.out for p in places)
     slack = 300_000  # rendezvous, store, barriers and timing all-reduces
     for h in hosts:
         for way in ("tx", "rx"):

@@ -164,6 +164,7 @@ def test_cuda_sweep(tmp_path, args):
     places = header["ranks"]
     assert len(places) == int(args[1]) and {p["device"] for p in places} == {"cuda:0"}
     assert {p["gpu"] for p in places} == {torch.cuda.get_device_name(0)}
+    assert {p["uuid"] for p in places} == {str(torch.cuda.get_device_properties(0).uuid)}
     import pynvml
 
     pynvml.nvmlInit()

@@ -255,3 +255,6 @@ def test_a_rank_s_place_names_its_gpu_and_its_pci_address_where_it_has_them():
     assert describe_place(1, gpu) == "rank 1: host h, pid 42, cuda:1 NVIDIA H100 [0000:1b:00.0]"
     assert describe_place(0, {**gpu, "pci": None}) == "rank 0: host h, pid 42, cuda:1 NVIDIA H100"
     assert describe_place(2, {"host": "h", "pid": 7, "device": "cpu"}) == "rank 2: host h, pid 7, cpu"
+    # the emulated cluster's hosts share a hostname: each says its address
+    cluster = {"host": "h", "address": "10.0.0.2", "pid": 7, "device": "cpu"}
+    assert describe_place(1, cluster) == "rank 1: host h (10.0.0.2), pid 7, cpu"

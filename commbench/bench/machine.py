@@ -88,12 +88,16 @@ def _gpus() -> dict[str, Any] | None:
 
 
 def rank_place(device: torch.device) -> dict[str, Any]:
-    """Where this rank runs: its host, process and device, with a GPU's name and PCI address (as
-    nccl-tests lists each rank's before its table)."""
+    """Where this rank runs: its host (with the address ``commbench cluster`` gives each of its
+    hosts, which share one hostname), process and device, with a GPU's name, UUID and PCI address
+    (as nccl-tests lists each rank's before its table; torch gives no PCI function, taken as 0)."""
     place: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "device": str(device)}
+    if os.environ.get("COMMBENCH_HOST_ADDRESS"):
+        place["address"] = os.environ["COMMBENCH_HOST_ADDRESS"]
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         place["gpu"] = props.name
+        place["uuid"] = str(getattr(props, "uuid", "")) or None
         bus = [getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
         if None not in bus:
             place["pci"] = f"{bus[0]:04x}:{bus[1]:02x}:{bus[2]:02x}.0"
@@ -114,7 +118,8 @@ def describe_place(rank: int, place: dict[str, Any]) -> str:
     where = place.get("device", "?")
     if place.get("gpu"):
         where += f" {place['gpu']}" + (f" [{place['pci']}]" if place.get("pci") else "")
-    return f"rank {rank}: host {place.get('host', '?')}, pid {place.get('pid', '?')}, {where}"
+    host = place.get("host", "?") + (f" ({place['address']})" if place.get("address") else "")
+    return f"rank {rank}: host {host}, pid {place.get('pid', '?')}, {where}"
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
