@@ -139,6 +139,10 @@ def test_compare_writes_table_records_and_plots(recorded_compare) -> None:
     assert rows["ddp"][-1] == "1.00"  # the ratio column of the reference
     records = out.records()
     assert records[0]["type"] == "header" and records[0]["config"]["strategies"] == list(strategies)
+    # where each rank ran: in the header, and just under the table's title (as a sweep's)
+    places = records[0]["ranks"]
+    assert len(places) == 2 and len({p["pid"] for p in places}) == 2
+    assert lines[1:3] == [f"#  rank {i}: host {p['host']}, pid {p['pid']}, cpu" for i, p in enumerate(places)]
     epochs = [r for r in records if r["type"] == "epoch"]
     steps, n_epochs = recorded.COMPARE_STEPS, recorded.COMPARE_EPOCHS
     assert sorted((r["strategy"], r["epoch"]) for r in epochs) == sorted(

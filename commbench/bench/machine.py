@@ -122,6 +122,11 @@ def describe_place(rank: int, place: dict[str, Any]) -> str:
     return f"rank {rank}: host {host}, pid {place.get('pid', '?')}, {where}"
 
 
+def place_lines(places: Sequence[dict[str, Any]] | None) -> str:
+    """:func:`describe_place` for each rank, as lines under a table's title ("" for none)."""
+    return "".join(f"#  {describe_place(i, p)}\n" for i, p in enumerate(places or ()))
+
+
 def command_line(argv: Sequence[str] | None = None) -> str:
     """The command line as typed: ``commbench`` and ``argv`` where the CLI was handed its words (a
     study runs each of its commands so, in its own process, whose arguments are the study's), else

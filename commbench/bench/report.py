@@ -18,9 +18,9 @@ def table_header(config: Any, run: dict[str, Any], ranks: Sequence[dict[str, Any
     """Title lines: what was swept, on what (each rank's host, process and device where ``ranks``
     gives them, as nccl-tests lists them), and how times were taken."""
     from commbench.bench.collectives import form_name
-    from commbench.bench.machine import describe_place
+    from commbench.bench.machine import place_lines
 
-    places = "".join(f"#  {describe_place(i, p)}\n" for i, p in enumerate(ranks or ()))
+    places = place_lines(ranks)
     return (
         f"# commbench sweep: {form_name(config.collective, config.in_place)}, "
         f"{rank_count(run['world_size'])}, backend {run['backend']}, "

@@ -205,12 +205,16 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _title(config: Any, first: dict[str, Any], name: str = "train") -> str:
+def _title(config: Any, first: dict[str, Any], name: str = "train", places: Any = None) -> str:
+    """The table's title: what trained, on what (each rank's place where ``places`` gives them),
+    and how the columns were measured."""
+    from commbench.bench.machine import place_lines
+
     return (
         f"# commbench {name}: {config.model} ({first['trainable_params']:,} trainable parameters) on "
         f"{config.dataset}, {rank_count(first['world_size'])}, backend {first['backend']}, "
         f"device {first['device']}, "
-        f"batch {first['batch_size']}/rank\n"
+        f"batch {first['batch_size']}/rank\n{place_lines(places)}"
         "# ms = median over timed steps (later epochs; with one epoch all but the first step) of the ranks' "
         "mean;\n# bwd = backward until the last gradient; exp.comm = from then until gradients are synced; "
         "hidden = share of comm time overlapping backward; MB = 1e6 B; wire MB/rank/ep = the busiest "
@@ -224,7 +228,7 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
     import torch
     import torch.distributed as dist
 
-    from commbench.bench.machine import machine_info
+    from commbench.bench.machine import machine_info, rank_places
     from commbench.bench.records import RecordWriter
     from commbench.trainers.loop import run_rank
 
@@ -239,9 +243,11 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
             from commbench.probes.wirecount import agreed_nic
 
             nic = agreed_nic()
+        dev = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        places = rank_places(dev)  # every rank: where each runs, for rank 0's header and title
         if rank0:
             info = machine_info(dist.get_backend(), command)
-            writer.header({**info, "config": dataclasses.asdict(config)})
+            writer.header({**info, "ranks": places, "config": dataclasses.asdict(config)})
             if config.probe:
                 from commbench.bench.probing import RunProbe
 
@@ -252,7 +258,6 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
                 bar = tqdm(
                     file=sys.stderr, unit="step", leave=False, delay=2.0, disable=not sys.stderr.isatty()
                 )
-        dev = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         epochs: list[Any] = []
 
         def emit(record: Any) -> None:
@@ -280,7 +285,7 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
         from commbench.bench.probing import overhead_line
         from commbench.bench.records import say
 
-        say(_title(config, rows[0], name))
+        say(_title(config, rows[0], name, places))
         if probe is not None:
             say(probe.describe())
         say(summary_table(rows))
