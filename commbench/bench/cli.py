@@ -325,10 +325,9 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None, command: str | 
     line its header records, see :func:`~commbench.bench.machine.command_line`)."""
     import dataclasses
 
-    import torch
     import torch.distributed as dist
 
-    from commbench.bench.machine import machine_info, rank_places
+    from commbench.bench.machine import machine_info, rank_device, rank_places
     from commbench.bench.sweep import Rank0Output, run_rank
 
     nic = None
@@ -336,15 +335,14 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None, command: str | 
         from commbench.probes.wirecount import agreed_nic
 
         nic = agreed_nic()
-    here = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
-    places = rank_places(here)  # every rank: where each runs, for rank 0's header
+    places = rank_places(rank_device(device))  # every rank: where each runs, for rank 0's header
     sink = None
     if dist.get_rank() == 0:
         sink = Rank0Output(config, {**machine_info(dist.get_backend(), command), "ranks": places}, nic)
     try:
         records = run_rank(config, device, sink if sink is not None else (lambda kind, payload: None), nic)
         if sink is not None:
-            sink.finished()
+            sink.finished(records)
     finally:
         if sink is not None:
             sink.close()

@@ -87,6 +87,11 @@ def _gpus() -> dict[str, Any] | None:
             pynvml.nvmlShutdown()
 
 
+def rank_device(kind: str) -> torch.device:
+    """The device a rank of kind "cpu" or "cuda" runs on (its current GPU, which the launch set)."""
+    return torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+
+
 def rank_place(device: torch.device) -> dict[str, Any]:
     """Where this rank runs: its host (with the address ``commbench cluster`` gives each of its
     hosts, which share one hostname), process and device, with a GPU's name, UUID and PCI address

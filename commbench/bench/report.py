@@ -62,19 +62,25 @@ def series_name(r: dict[str, Any]) -> str:
     return f"auto:{picked}{at}{segment}" if picked in SEGMENTED else f"auto:{picked}"
 
 
+def _labelled_limit(r: dict[str, Any], rows: Sequence[dict[str, Any]]) -> bool:
+    """Whether a record is shown as "limit": send/recv beside other collectives (alone, its series
+    are named as given)."""
+    return r["collective"] == "sendrecv" and any(x["collective"] != "sendrecv" for x in rows)
+
+
 def table_rows(records: Sequence[Any]) -> str:
     """One row per algorithm for one size; the size columns are printed on the first row only. A
     series name longer than its column is printed whole, and moves the rest of its row right."""
     lines = []
-    for i, r in enumerate(map(_fields, records)):
+    rows = [_fields(r) for r in records]
+    for i, r in enumerate(rows):
         lead = (
             f"{r['size_bytes']:>12} {r['count']:>10} {r['dtype']:>8} {r['op'] or '-':>5}"
             if i == 0
             else " " * 38
         )
-        beside = any(x["collective"] != "sendrecv" for x in map(_fields, records))
         # what auto picked, in full: a name cut to the column read "auto:naiv"
-        name = "limit" if r["collective"] == "sendrecv" and beside else series_name(r)
+        name = "limit" if _labelled_limit(r, rows) else series_name(r)
         lines.append(
             f"{lead} {name:>9} {r['time_us']:>10.1f} {r['algbw_gbps']:>11.3f} {r['busbw_gbps']:>11.3f} "
             f"{'-' if r['wrong'] is None else r['wrong']:>6} "
@@ -91,10 +97,9 @@ def closing_lines(records: Sequence[Any]) -> list[str]:
     limit's is a copy's). The count of sizes says where a file holds fewer than its sweep planned
     (one cut short by a stop). Records of other types are left out."""
     rows = [r for r in map(_fields, records) if r.get("type", "sweep") == "sweep"]
-    beside = any(r["collective"] != "sendrecv" for r in rows)
     busbw: dict[str, list[float]] = {}
     for r in rows:  # a file's record may lack a field (summary reads files written by hand too)
-        name = "limit" if r["collective"] == "sendrecv" and beside else r["algorithm"]
+        name = "limit" if _labelled_limit(r, rows) else r["algorithm"]
         values = busbw.setdefault(name, [])
         if r.get("busbw_gbps") is not None:
             values.append(r["busbw_gbps"])

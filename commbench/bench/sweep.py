@@ -33,6 +33,7 @@ from commbench.bench.collectives import (
     segmented_for,
     series_parts,
 )
+from commbench.bench.machine import rank_device
 from commbench.bench.records import RecordWriter, SweepRecord, check_distinct, say
 from commbench.comm.costmodel import cost, scratch_bytes
 from commbench.comm.ops import OPS, check_op, parse_dtype
@@ -361,9 +362,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit, nic: str | None = None
     if config.root >= world:
         raise ValueError(f"root {config.root} is not a rank of a world of {world}")
     backend = dist.get_backend()
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else torch.device("cpu")
-    )
+    device = rank_device(device_kind)
     if device.type == "cuda":
         check_gpu_memory(config, world, rank, device)
     moved_by = comm.p2p.backend_for(None, device)  # the one builtin runs on: its price depends on it
@@ -556,7 +555,6 @@ class Rank0Output:
         self.report = report
         self.bar = None
         self.pending: list[SweepRecord] = []
-        self.done: list[SweepRecord] = []
         self.probe = None
         self.probe_record: dict | None = None
         if config.probe:
@@ -591,7 +589,6 @@ class Rank0Output:
         elif kind == "record":
             self.writer.write(payload)
             self.pending.append(payload)
-            self.done.append(payload)
             if len(self.pending) == len(self.config.series):
                 if self.probe is not None:
                     self.probe.mark(f"{payload.size_bytes} B")
@@ -610,13 +607,14 @@ class Rank0Output:
                         say(line)
                 self.pending = []
 
-    def finished(self) -> None:
-        """After the last point (not where the run stopped early): the table's closing lines."""
-        if self.done and not self.config.quiet:
+    def finished(self, records: list[SweepRecord]) -> None:
+        """After the last point (not where the run stopped early): the table's closing lines, of
+        the run's ``records``."""
+        if records and not self.config.quiet:
             if self.bar is not None:
                 self.bar.close()
                 self.bar = None
-            say(self.report.table_footer(self.done))
+            say(self.report.table_footer(records))
 
     def close(self) -> None:
         if self.bar is not None:

@@ -225,10 +225,9 @@ def _title(config: Any, first: dict[str, Any], name: str = "train", places: Any 
 def _train_rank(config: Any, device: str, command: str | None = None, name: str = "train") -> list[dict]:
     """One rank of ``commbench train`` or ``compare`` (``name``, the table's heading); rank 0 writes
     the records, whose header records ``command`` (see :func:`~commbench.bench.machine.command_line`)."""
-    import torch
     import torch.distributed as dist
 
-    from commbench.bench.machine import machine_info, rank_places
+    from commbench.bench.machine import machine_info, rank_device, rank_places
     from commbench.bench.records import RecordWriter
     from commbench.trainers.loop import run_rank
 
@@ -243,7 +242,7 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
             from commbench.probes.wirecount import agreed_nic
 
             nic = agreed_nic()
-        dev = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        dev = rank_device(device)
         places = rank_places(dev)  # every rank: where each runs, for rank 0's header and title
         if rank0:
             info = machine_info(dist.get_backend(), command)
