@@ -33,6 +33,15 @@ def test_cuda_copies_come_one_at_a_time():
     assert [r.name for r in copies.each_copy(4096, "cpu", iters=2, warmup=0)] == [copies.HOST_TO_HOST]
 
 
+def test_each_cuda_copy_is_measured_when_it_is_asked_for(monkeypatch):
+    """``each_copy`` hands out the CUDA kinds lazily: nothing is measured (here: nothing refused)
+    until the first is asked for. One that measured them all before returning would raise at once."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    kinds = copies.each_copy(4096, "cuda", iters=1, warmup=0)
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        next(kinds)
+
+
 @pytest.mark.parametrize(
     "kwargs,needle",
     [
@@ -131,9 +140,18 @@ def test_matmul_plan_for_small_requests_is_the_closest_single_matmul():
         assert reps == 1 and abs(2 * n**3 - flops) == best, flops
 
 
-def test_burn_flops_on_cpu():
+def test_burn_flops_on_cpu(monkeypatch):
+    shapes = []
+    mm = torch.mm
+
+    def counted(a, b, **kwargs):
+        shapes.append((tuple(a.shape), tuple(b.shape)))
+        return mm(a, b, **kwargs)
+
+    monkeypatch.setattr(torch, "mm", counted)
     seconds, rate = burn_flops(5e8, "cpu")
     n, reps = matmul_plan(5e8, "cpu")
+    assert reps >= 1 and shapes == [((n, n), (n, n))] * (1 + reps)  # one untimed, then the timed ones
     assert seconds > 0 and rate == pytest.approx(reps * 2 * n**3 / seconds)
     with pytest.raises(ValueError, match="meta"):
         burn_flops(1e6, "meta")

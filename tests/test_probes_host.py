@@ -4,8 +4,10 @@ socket, loopback and own addresses route to lo, CPU and memory readings are sane
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import threading
+import time
 
 import psutil
 import pytest
@@ -118,6 +120,35 @@ def test_unresolvable_address_falls_back_to_an_existing_interface():
     assert nic in psutil.net_io_counters(pernic=True)
 
 
+def test_the_fallback_is_the_busiest_interface_that_is_up(monkeypatch):
+    """An address that names no route or subnet here gets the busiest non-loopback interface that
+    is up: not loopback however busy, not one that is down however much it once carried."""
+    from types import SimpleNamespace
+
+    def v4(address: str, netmask: str = "255.255.255.0") -> SimpleNamespace:
+        return SimpleNamespace(family=socket.AF_INET, address=address, netmask=netmask)
+
+    addrs = {"lo": [v4("127.0.0.1", "255.0.0.0")], "eth0": [v4("10.1.0.2")], "eth1": [v4("10.2.0.2")]}
+    addrs["eth2"] = [v4("10.3.0.2")]
+    up = {"lo": True, "eth0": True, "eth1": True, "eth2": False}
+    carried = {"lo": 10**12, "eth0": 10_000, "eth1": 30_000, "eth2": 10**11}
+    monkeypatch.setattr(psutil, "net_if_addrs", lambda: addrs)
+    monkeypatch.setattr(psutil, "net_if_stats", lambda: {n: SimpleNamespace(isup=u) for n, u in up.items()})
+    monkeypatch.setattr(
+        psutil,
+        "net_io_counters",
+        lambda pernic, nowrap: {n: SimpleNamespace(bytes_sent=b, bytes_recv=0) for n, b in carried.items()},
+    )
+    monkeypatch.setattr(host, "_source_ip", lambda ip: None)  # no route: past the subnets, the fallback
+    assert host.nic_for_address("no-such-host.invalid") == "eth1"
+    assert host.nic_for_address("192.0.2.1") == "eth1"  # in no subnet here
+    assert host.nic_for_address("10.1.0.9") == "eth0"  # in eth0's subnet, however quiet
+    carried["eth0"] = 40_000
+    assert host.nic_for_address("192.0.2.1") == "eth0"
+    up["eth0"] = up["eth1"] = False
+    assert host.nic_for_address("192.0.2.1") == "lo"  # nothing else is up
+
+
 def test_a_subnet_given_by_an_ipv6_netmask_is_matched(monkeypatch):
     """psutil gives IPv6 netmasks as addresses ('ffff:ffff:ffff:ffff::'), which ipaddress does
     not take after a slash: the interface was read as a /128 and no IPv6 subnet ever matched."""
@@ -179,18 +210,27 @@ def test_unknown_interface_and_backwards_counters_raise():
         host.nic_delta(a, b)
 
 
-def test_cpu_and_memory_readings():
-    before, m0 = host.cpu_times(), host.machine_cpu()
-    x = 0
-    for i in range(300_000):  # some CPU time in this process
-        x += i * i
-    after, m1 = host.cpu_times(), host.machine_cpu()
-    assert after.user_s + after.system_s >= before.user_s + before.system_s
-    pct = host.process_cpu_percent(before, after, 1.0)
-    assert pct is not None and pct >= 0
+def test_cpu_percentages_from_two_readings():
+    before, after = host.CpuTimes(user_s=1.0, system_s=0.5), host.CpuTimes(user_s=1.5, system_s=0.75)
+    assert host.process_cpu_percent(before, after, 0.5) == pytest.approx(150.0)  # of one core
     assert host.process_cpu_percent(before, after, 0.0) is None
-    user, system = host.machine_cpu_percent(m0, m0)
-    assert (user, system) == (None, None)
+    m0 = host.MachineCpu(user_s=10.0, system_s=5.0, total_s=100.0)
+    m1 = host.MachineCpu(user_s=13.0, system_s=6.0, total_s=110.0)
+    assert host.machine_cpu_percent(m0, m1) == (pytest.approx(30.0), pytest.approx(10.0))
+    assert host.machine_cpu_percent(m0, m0) == (None, None)
+
+
+def test_cpu_and_memory_readings():
+    before, m0, t0 = host.cpu_times(), host.machine_cpu(), time.perf_counter()
+    spent = time.process_time()
+    x = 0
+    while time.process_time() - spent < 0.3:  # a busy loop: CPU time in this process
+        x += 1
+    after, m1, wall = host.cpu_times(), host.machine_cpu(), time.perf_counter() - t0
+    used = (after.user_s + after.system_s) - (before.user_s + before.system_s)
+    assert used >= 0.2  # the loop's 0.3 s, as the kernel counts it (in ticks)
+    assert 5.0 <= host.process_cpu_percent(before, after, wall) <= 100.0 * (os.cpu_count() or 1) + 1e-6
     user, system = host.machine_cpu_percent(m0, m1)
-    assert user is None or 0 <= user + system <= 100.0 + 1e-6
+    assert user is not None and user > 0 and 0 <= user + system <= 100.0 + 1e-6
+    assert m1.total_s - m0.total_s >= used - 0.05  # the machine's CPU time includes this process's
     assert host.rss_bytes() > 1 << 20

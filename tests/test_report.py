@@ -55,16 +55,51 @@ def test_report_has_every_section_and_its_images(recorded, tmp_path):
     )  # self-contained: no stylesheet or script fetched from elsewhere
 
 
-def test_judged_points_are_ok_or_flagged(recorded):
+def _check_cells(run: reporting.Run) -> dict[str, list[str]]:
+    """The byte check's rows by their label ("all_reduce ring 2M"), each label once."""
+    rows = [list(r) for r in reporting.wire_section(run)[2].rows]
+    labels = [r[0] for r in rows]
+    assert len(labels) == len(set(labels)), labels
+    return {r[0]: r for r in rows}
+
+
+def test_every_checked_point_has_its_verdict(recorded):
     run = reporting.load_run(recorded["sweep"])
-    judged = [r for r in run.sweeps if r["size_bytes"] >= 1 << 20 and r.get("computed_wire_bytes")]
-    assert judged
-    rows = {tuple(r) for r in reporting.wire_section(run)[2].rows}
-    for r in judged:
-        expected = "ok" if r["wire_check"] is None else "FLAG: " + r["wire_check"]
-        assert any(
-            row[0].endswith(f"{r['algorithm']} 2M") and row[-1] == expected for row in rows if "2M" in row[0]
-        )
+    checked = [r for r in run.sweeps if r.get("computed_wire_bytes") is not None]
+    assert any(r["size_bytes"] >= 1 << 20 for r in checked) and any(
+        r["size_bytes"] < 1 << 20 for r in checked
+    )
+    cells = _check_cells(run)
+    for r in checked:
+        row = cells[f"{r['collective']} {r['algorithm']} {reporting._size(r['size_bytes'])}"]
+        assert row[1] == f"{r['computed_wire_bytes']:,d}"
+        verdict = r["wire_check"]
+        if verdict is None:
+            assert row[-1] == "ok"
+        else:
+            assert row[-1] == ("note: " if verdict.startswith("not judged") else "FLAG: ") + verdict
+    # the smallest points are not judged, and their rows say why
+    assert any((r["wire_check"] or "").startswith("not judged") for r in checked)
+
+
+def test_a_point_out_of_tolerance_is_flagged(recorded, tmp_path):
+    lines = recorded["sweep"].read_text().splitlines()
+    changed = None
+    for i, line in enumerate(lines):
+        r = json.loads(line)
+        if r.get("type") == "sweep" and r.get("wire_check") is None and r.get("computed_wire_bytes"):
+            r["wire_check"] = "measured 1.31x the computed bytes, outside 0.90-1.10"
+            lines[i], changed = json.dumps(r), r
+            break
+    assert changed is not None
+    path = tmp_path / "flagged.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    run = reporting.load_run(path)
+    cells = _check_cells(run)
+    label = f"{changed['collective']} {changed['algorithm']} {reporting._size(changed['size_bytes'])}"
+    assert cells[label][-1] == "FLAG: measured 1.31x the computed bytes, outside 0.90-1.10"
+    others = [c[-1] for k, c in cells.items() if k != label]
+    assert others and not any(c.startswith("FLAG") for c in others)
 
 
 def _scaled_copy(src: Path, dst: Path, busbw: float, step: float) -> Path:
