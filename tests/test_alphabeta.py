@@ -179,3 +179,27 @@ def test_table_lists_each_point_with_its_error():
     text = alphabeta.table(model, alphabeta.compare(pts, model))
     assert "alpha = 250.0 us per step" in text
     assert text.count("naive") == text.count("ring") == 4  # 1, 4, 16, 64 MiB
+
+
+def test_table_rows_carry_measured_predicted_and_error():
+    model = alphabeta.fit(alphabeta.points(_synthetic()))
+    rows = [
+        alphabeta.Row(algorithm="ring", size_bytes=1 << 20, measured_us=1000.0, predicted_us=1100.0),
+        alphabeta.Row(algorithm="naive", size_bytes=1 << 24, measured_us=2000.0, predicted_us=1500.0),
+    ]
+    body = [line.split() for line in alphabeta.table(model, rows).splitlines() if not line.startswith("#")]
+    assert body == [
+        ["ring", "1048576", "1000.0", "1100.0", "+10.0%"],
+        ["naive", "16777216", "2000.0", "1500.0", "-25.0%"],
+    ]
+    noisy = alphabeta.points(_synthetic(noise=0.05, seed=3))
+    compared = alphabeta.compare(noisy, model)
+    lines = [
+        line.split() for line in alphabeta.table(model, compared).splitlines() if not line.startswith("#")
+    ]
+    assert len(lines) == len(compared) and any(abs(r.error) > 0.005 for r in compared)
+    for fields, r in zip(lines, compared, strict=True):
+        assert fields[:2] == [r.algorithm, str(r.size_bytes)]
+        assert float(fields[2]) == pytest.approx(r.measured_us, abs=0.05)
+        assert float(fields[3]) == pytest.approx(r.predicted_us, abs=0.05)
+        assert float(fields[4].rstrip("%")) == pytest.approx(100 * r.error, abs=0.05)

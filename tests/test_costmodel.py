@@ -88,6 +88,34 @@ def test_builtin_is_priced_as_a_ring_and_auto_as_what_it_picks():
     assert cost("all_reduce", "auto", 4, 256, 4).sent_bytes == cost("all_reduce", small, 4, 256, 4).sent_bytes
 
 
+@pytest.mark.parametrize("collective", sorted(tuning.AUTO))
+@pytest.mark.parametrize("world", [2, 4, 8, 3])
+@pytest.mark.parametrize("itemsize", [4, 2])
+def test_auto_is_priced_by_the_bytes_of_the_message_either_side_of_each_crossover(
+    collective, world, itemsize
+):
+    """``auto`` picks by bytes: its price, and its scratch, are those of the algorithm it runs at
+    the elements either side of each crossover (where a count of elements would pick otherwise)."""
+    rows = tuning.AUTO[collective]
+    edges = [limit for limit, _ in rows.get(world, rows["default"]) if limit is not None]
+    assert edges
+    for limit in edges:
+        step = world if collective in ("reduce_scatter", "all_gather") else 1  # whole arrays split evenly
+        below = limit // itemsize // step * step
+        above = below + step
+        picked = [tuning.choose(collective, n * itemsize, world) for n in (below, above)]
+        assert picked[0] != picked[1] and tuning.choose(collective, below, world) == picked[0]
+        for count, algorithm in zip((below, above), picked, strict=True):
+            auto = cost(collective, "auto", world, count, itemsize)
+            assert (auto.sent_bytes, auto.steps) == (
+                cost(collective, algorithm, world, count, itemsize).sent_bytes,
+                cost(collective, algorithm, world, count, itemsize).steps,
+            ), (limit, count, algorithm)
+            assert scratch_bytes(collective, "auto", world, count, itemsize) == scratch_bytes(
+                collective, algorithm, world, count, itemsize
+            )
+
+
 # Bytes each rank sent in gloo's broadcast, in messages, root 0 (TCP_INFO, 1.5 MiB of float32)
 GLOO_BROADCAST = {
     3: [2, 0, 0],

@@ -55,6 +55,12 @@ def test_format_size_round_trips():
         assert parse_size(format_size(n)) == n
 
 
+def test_format_size_takes_the_largest_exact_unit():
+    cases = {0: "0", 1000: "1000", 1024: "1K", 1536: "1536", 3 << 19: "1536K", 1 << 20: "1M"}
+    cases |= {(1 << 30) + (1 << 20): "1025M", 3 << 30: "3G", 1 << 40: "1024G"}
+    assert {n: format_size(n) for n in cases} == cases
+
+
 def test_sizes_by_factor_and_by_step():
     assert sizes(SweepConfig(min_bytes=1024, max_bytes=8192)) == [1024, 2048, 4096, 8192]
     assert sizes(SweepConfig(min_bytes=1024, max_bytes=5000, step_factor=4)) == [1024, 4096]
@@ -196,9 +202,12 @@ def test_count_wrong_counts_nan_inf_and_differences():
 
 def test_poisoned_output_is_all_wrong():
     for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8):
-        out = torch.empty(10, dtype=dtype)
-        poison(out)
-        assert count_wrong(out, reduced_pattern(3, 10, "sum", dtype, torch.device("cpu"))) == 10
+        for op in ("sum", "max"):
+            expected = reduced_pattern(3, 10, op, dtype, torch.device("cpu"))
+            out = expected.clone()  # an output that holds the right result before it is poisoned
+            assert count_wrong(out, expected) == 0
+            poison(out)
+            assert count_wrong(out, expected) == 10, (dtype, op)
 
 
 @pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])
@@ -405,8 +414,14 @@ def test_a_block_of_one_interleaves_call_by_call_in_rotated_order():
     from commbench.bench.sweep import rotated, schedule
 
     series = ("a", "b", "c")
+    assert ["".join(rotated(series, it)) for it in range(4)] == ["abc", "bca", "cab", "abc"]
+    assert rotated((), 3) == ()
     expected = [(s, it) for it in range(7) for s in rotated(series, it)]
     assert list(schedule(series, 7, 1)) == expected
+    assert (
+        "".join(s for s, _ in schedule(series, 7, 1)) == "abc" + "bca" + "cab" + "abc" + "bca" + "cab" + "abc"
+    )
+    assert [(s, it) for s, it in schedule(series, 4, 1, turn=1)][:3] == [("b", 0), ("c", 0), ("a", 0)]
 
 
 @pytest.mark.parametrize("iterations, block", [(7, 2), (7, 3), (6, 3), (5, 5), (5, 9), (1, 4)])
