@@ -176,12 +176,27 @@ def test_more_nccl_ranks_than_gpus_is_bad_input(monkeypatch, capsys):
     assert cli.launch_spec(cli.build_parser().parse_args(["sweep", "--device", "cuda"])).world_size == 4
 
 
+def _mean_busbw_line(records: list[dict]) -> str:
+    """The closing line a sweep of one collective beside send/recv ends with, worked out here."""
+    series: dict[str, list[float]] = {}
+    for r in records:
+        series.setdefault("limit" if r["collective"] == "sendrecv" else r["algorithm"], []).append(
+            r["busbw_gbps"]
+        )
+    sizes = {r["size_bytes"] for r in records}
+    means = "  ".join(f"{name} {sum(v) / len(v):.3f}" for name, v in series.items())
+    return f"avg busbw (GB/s, mean over {len(sizes)} sizes): {means}"
+
+
 def test_sweep_writes_table_json_csv_and_plot(recorded_sweep, monkeypatch):
     from commbench.bench import launch
 
     out = recorded_sweep
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(recorded.SWEEP_WORLD))  # as in each of its ranks
-    assert "busbw(GB/s)" in out.stdout and "limit" in out.stdout
+    assert "busbw(GB/s)" in out.stdout
+    names = [line.split()[-7] for line in out.stdout.splitlines() if line.strip() and line[0] != "#"]
+    # send/recv beside the collective is the limit; auto's rows say what it ran ("auto:rd")
+    assert {n.split(":")[0] for n in names} == {*recorded.SWEEP_ALGORITHMS, "limit"}
     lines = out.records()
     header, records = lines[0], [r for r in lines[1:] if r["type"] == "sweep"]
     (probe,) = [r for r in lines if r["type"] == "probe"]  # the rank-0 sampler's timeline, written last
@@ -192,6 +207,7 @@ def test_sweep_writes_table_json_csv_and_plot(recorded_sweep, monkeypatch):
     at = printed.index(footer[0])
     assert printed[at : at + 2] == footer and printed[at + 2].startswith("# probe:"), printed[at:]
     assert footer[0] == "# wrong elements: 0 OK"
+    assert footer[1] == "# " + _mean_busbw_line(records)
     assert header["type"] == "header" and header["torch"] and "sweep" in header["command"]
     # where each rank ran, as nccl-tests lists them: in the header, and under the table's title
     places = header["ranks"]
@@ -353,6 +369,7 @@ def test_summary_prints_ratio_tables(recorded_sweep, capsys):
     records = [r for r in recorded_sweep.records() if r["type"] == "sweep"]
     closing = [f"- {line}" for line in report.closing_lines(records)]  # as the sweep's table ended
     assert "\n".join(closing) in table and closing[0] == "- wrong elements: 0 OK"
+    assert closing[1] == "- " + _mean_busbw_line(records)
 
 
 def test_a_reader_that_leaves_early_ends_the_output_without_a_traceback(recorded_sweep):
@@ -706,6 +723,26 @@ def test_the_command_and_python_m_commbench_go_through_the_guarded_entry():
         2,
         "commbench: error: cannot read /nonexistent.jsonl: No such file or directory\n",
     )
+    # The guard shows where a Ctrl-C lands in the CLI's import: run as `python -m` runs the package
+    # (runpy, as __main__), it ends in the one line and 130; an unguarded entry gave a traceback.
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_IN_THE_IMPORT], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert (done.returncode, done.stderr) == (130, "commbench: interrupted\n")
+
+
+CTRL_C_IN_THE_IMPORT = """
+import runpy, sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == "commbench.bench.cli":
+            raise KeyboardInterrupt
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["commbench", "summary", "/nonexistent.jsonl"]
+runpy.run_module("commbench", run_name="__main__", alter_sys=True)
+"""
 
 
 @contextlib.contextmanager

@@ -265,9 +265,16 @@ def test_a_rank_gets_one_thread_where_a_host_runs_several_as_under_torchrun(
     assert launch._threads() == threads
 
 
-def test_a_rank_alone_gets_the_cores_it_may_run_on():
+def test_a_rank_alone_gets_the_cores_it_may_run_on(monkeypatch):
     expected = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert launch._cores() == expected >= 1
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3, 5}, raising=False)
+    assert launch._cores() == 3  # taskset, a cgroup's cpuset: the cores it may run on, not the machine's
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set())
+    assert launch._cores() == 1
+    monkeypatch.delattr(os, "sched_getaffinity")  # a platform without it: every core
+    assert launch._cores() == 64
 
 
 STUCK_SERVER = """

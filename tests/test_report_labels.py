@@ -35,7 +35,7 @@ SENDRECV = [_record("sendrecv", "p2p", 4096, 0.5), _record("sendrecv", "p2p@1K",
 BESIDE = [
     _record("all_reduce", "builtin", 4096, 1.0),
     _record("all_reduce", "ring", 4096, 1.1, wrong=786431),
-    _record("sendrecv", "limit", 4096, 2.0),
+    _record("sendrecv", "p2p", 4096, 2.0),  # as a sweep records the limit beside a collective
 ]
 
 
@@ -55,7 +55,7 @@ def test_the_table_ends_with_the_wrong_elements_and_each_series_mean_busbw():
     two_sizes = BESIDE + [
         _record("all_reduce", "builtin", 8192, 3.0),
         _record("all_reduce", "ring", 8192, 2.9, wrong=1),
-        _record("sendrecv", "limit", 8192, 4.0),
+        _record("sendrecv", "p2p", 8192, 4.0),
     ]
     assert report.table_footer(two_sizes).splitlines() == [
         "# wrong elements: 786432 FAILED",
