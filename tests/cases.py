@@ -223,6 +223,19 @@ def _segments(case: dict[str, Any]) -> dict[str, Any]:
         with _counting_messages(lambda tensor: 1, counted):
             SPECS["all_reduce"].run(b, s, "sum", 0, None, None)
         sends[s] = counted[0]
+    big = case.get("ring_by_auto")  # {count, segment_bytes}: a size at which auto runs the ring
+    if big:
+        for s in ("auto", f"auto@{big['segment_bytes']}", f"ring@{big['segment_bytes']}"):
+            counted = [0, 0]
+            b = SPECS["all_reduce"].make(
+                big["count"], torch.float32, torch.device("cpu"), rank, world, "sum", 0
+            )
+            b.input.copy_(b.reference)
+            with _counting_messages(lambda tensor: 1, counted):
+                SPECS["all_reduce"].run(b, s, "sum", 0, None, None)
+            if SPECS["all_reduce"].wrong(b, "sum", rank, world, 0):
+                failures.append(f"all_reduce {s} of {big['count']} on rank {rank}")
+            sends[f"big {s}"] = counted[0]
     return {"failures": failures, "sends": sends}
 
 

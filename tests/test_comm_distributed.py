@@ -107,15 +107,24 @@ def test_ring_pipeline_with_many_segments(worlds, world_size, count, segment_byt
 def test_a_segment_size_given_to_the_api_reaches_the_ring(worlds, world_size):
     """The sweep's "ring@64": every collective stays right, and an all_reduce of 1000 elements
     sends 2 (n - 1) x nseg messages, nseg = ceil(334 x 4 / 64) = 21 at 3 ranks and 32 at 2,
-    against one a step with the default segment; auto passes the segment on where it picks the ring."""
-    results = worlds(world_size).run(("segments", {"count": 1000, "segment_bytes": 64}))
+    against one a step with the default segment; auto passes the segment on where it picks the
+    ring (3 MiB at 2 and 3 ranks), and runs what it picks unsegmented below that."""
+    big = {"count": 3 << 18, "segment_bytes": 256 << 10}
+    case = {"count": 1000, "segment_bytes": 64, "ring_by_auto": big}
+    results = worlds(world_size).run(("segments", case))
     nseg = math.ceil(math.ceil(1000 / world_size) * 4 / 64)
     assert resolve("all_reduce", "auto", 4000, world_size) != "ring"  # auto@64 runs what auto runs
+    assert resolve("all_reduce", "auto", big["count"] * 4, world_size) == "ring"
+    nseg_big = math.ceil(math.ceil(big["count"] / world_size) * 4 / big["segment_bytes"])
+    assert nseg_big > 1
     for result in results:
         assert result["failures"] == []
-        assert result["sends"]["ring"] == 2 * (world_size - 1)
-        assert result["sends"]["ring@64"] == 2 * (world_size - 1) * nseg
-        assert result["sends"]["auto@64"] == result["sends"]["auto"] > 0, result
+        sends = result["sends"]
+        assert sends["ring"] == 2 * (world_size - 1)
+        assert sends["ring@64"] == 2 * (world_size - 1) * nseg
+        assert sends["auto@64"] == sends["auto"] > 0, result
+        assert sends["big auto"] == 2 * (world_size - 1)  # the ring with its default segment
+        assert sends["big auto@262144"] == sends["big ring@262144"] == 2 * (world_size - 1) * nseg_big
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])

@@ -43,6 +43,9 @@ def test_ticks_markers_and_loopback_bytes_between_markers():
     assert all(x.gpus == () for x in tl.samples)
     assert 0 <= tl.overhead_core_fraction < 0.5
     assert tl.sampler_cpu_s > 0
+    # the sampler's cost: its thread's CPU time over the run's wall time, in cores
+    assert tl.overhead_core_fraction == pytest.approx(tl.sampler_cpu_s / tl.wall_s, rel=1e-9)
+    assert tl.overhead_core_fraction > 0
 
 
 def test_summary_and_json_have_nulls_where_not_measured():

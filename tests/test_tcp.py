@@ -152,14 +152,18 @@ def test_udp_and_other_sockets_are_not_connections_to_tune():
 
 
 def test_a_bad_setting_is_one_line_and_exit_2_before_any_rank_starts(monkeypatch, capsys):
-    from commbench.bench import cli
+    from commbench.bench import cli, launch
 
+    def started(*args, **kwargs):
+        raise AssertionError("the ranks were started")  # each would refuse it too, once launched
+
+    monkeypatch.setattr(launch, "run", started)
     monkeypatch.setattr(tcp, "available", lambda: ["reno", "cubic"])
     monkeypatch.setenv(tcp.CC_ENV, "vegas")
     code = cli.main(["sweep", "-b", "1K", "-e", "1K", "--world-size", "2"])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.count("\n") == 1 and "COMMBENCH_LOOPBACK_CC='vegas'" in err
+    assert err.count("\n") == 1 and "COMMBENCH_LOOPBACK_CC='vegas'" in err and "rank" not in err
 
 
 def test_a_bad_unsent_bytes_setting_is_one_line_and_exit_2(monkeypatch, capsys):

@@ -58,3 +58,18 @@ def test_a_cpu_clock_makes_no_events(monkeypatch):
     a, b = clock.stamp(), clock.stamp()
     clock.settle()
     assert clock.seconds(a, b) >= 0 and not clock.spare
+
+
+def test_the_hidden_share_is_hidden_over_all_communication_of_every_step():
+    from commbench.trainers.loop import PHASES, hidden_fraction
+
+    def step(comm: float, hidden: float) -> list[float]:
+        row = [0.0] * len(PHASES)
+        row[PHASES.index("comm")], row[PHASES.index("hidden_comm")] = comm, hidden
+        return row
+
+    # summed over steps, not a mean of each step's share (which would be (0.5 + 0) / 2)
+    times = torch.tensor([step(0.002, 0.001), step(0.008, 0.0)], dtype=torch.float64)
+    assert hidden_fraction(times) == pytest.approx(0.1)
+    assert hidden_fraction(torch.tensor([step(0.0, 0.0)])) is None  # no communication timed
+    assert hidden_fraction(torch.empty(0, len(PHASES))) is None

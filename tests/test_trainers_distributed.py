@@ -89,6 +89,12 @@ def test_training_moves_parameters_and_summaries_add_up(train_worlds) -> None:
     assert ring["step_time_ratio_to_ddp"] == pytest.approx(ring["step_time_ms"] / ddp["step_time_ms"])
     assert ddp["buckets"] >= 2
     assert ring["final_accuracy"] is not None and 0 <= ring["final_accuracy"] <= 1
+    # ddp's buckets are synced as backward makes them, so some of its communication is hidden
+    assert 0 < ddp["hidden_comm_fraction"] <= 1
+    for s in (ring, ddp):  # the summary is of epoch 2, the timed one; its figures are that epoch's
+        (last,) = [e for e in results[0]["epochs"] if e["strategy"] == s["strategy"] and e["epoch"] == 2]
+        assert s["hidden_comm_fraction"] == pytest.approx(last["hidden_comm_fraction"], abs=1e-12)
+        assert (s["final_accuracy"], s["final_loss"]) == (last["accuracy"], last["loss"])
     for s in (ring, ddp):
         parts = s["forward_ms"] + s["backward_ms"] + s["exposed_comm_ms"] + s["optimizer_ms"] + s["data_ms"]
         assert parts == pytest.approx(s["step_time_ms"], rel=0.5)  # medians of parts vs median of sums
