@@ -44,6 +44,15 @@ def test_benchmark_suite_smoke():
     assert "passed" in out.stdout.splitlines()[-1]
 
 
+def test_the_suite_at_three_ranks_tells_the_neighbours_apart():
+    """At two ranks the left and the right neighbour are one rank: a send/recv that went the wrong
+    way round would pass there. At three it is wrong on every rank."""
+    out = _pytest([*SUITE, "-k", "sendrecv"], {"COMMBENCH_BENCH_SMOKE": "1", "COMMBENCH_BENCH_WORLD": "3"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    last = out.stdout.splitlines()[-1]
+    assert "failed" not in last and "1 passed" in last, last
+
+
 @pytest.mark.slow
 def test_a_failed_benchmark_leaves_the_next_one_running(tmp_path):
     """Rank 0 failing between calls once left the other ranks repeating that benchmark, and the next

@@ -61,6 +61,9 @@ def _all_cases(host_from: str | None = None, backend: str | None = None) -> list
 
 
 def test_nccl_world_of_one():
+    """Every collective and algorithm on one NCCL rank. At one rank a result is the rank's own
+    data, which an in-place call already holds: these show that each call runs on CUDA tensors and
+    leaves them right, and out-of-place reduce_scatter and all_gather that they write their output."""
     results = run(_all_cases, (), LaunchSpec(world_size=1, device="cuda"))
     assert results == {0: []}
 
@@ -111,12 +114,14 @@ def test_the_trainers_clock_hands_out_events_made_ahead():
     clock = Clock(torch.device("cuda"), stamps_per_step=2)
     ahead = list(clock.spare)
     assert all(e.cuda_event != 0 for e in ahead)  # made (torch makes an event on its first record)
-    torch.cuda._sleep(1_000_000)
-    stamps = [clock.stamp() for _ in range(3)]
+    stamps = [clock.stamp()]
+    torch.cuda._sleep(20_000_000)  # GPU cycles: about 10 to 20 ms at the clocks GPUs run at
+    stamps += [clock.stamp() for _ in range(2)]
     assert stamps[:2] == ahead[::-1]
     clock.settle()
     assert len(clock.spare) == 3 and all(e.cuda_event != 0 for e in clock.spare)
-    assert clock.seconds(stamps[0], stamps[2]) >= 0
+    assert 0.002 <= clock.seconds(stamps[0], stamps[2]) <= 1.0  # seconds, the sleep between them
+    assert 0 <= clock.seconds(stamps[1], stamps[2]) < clock.seconds(stamps[0], stamps[1])
 
 
 @pytest.mark.parametrize("host_from", [None, "1M"], ids=["default", "staged-below-1M"])
@@ -158,22 +163,24 @@ def test_cuda_sweep(tmp_path, args):
     header, *lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     records = [r for r in lines if r["type"] == "sweep"]
     assert records and all(r["device"] == "cuda" and r["wrong"] == 0 for r in records)
-    # each rank's GPU, by name and PCI address as NVML gives it (one GPU here: every rank's is 0)
-    import torch
-
+    # each rank's GPU, by name, UUID and PCI address as NVML gives them (one GPU here: every rank's is 0)
     places = header["ranks"]
     assert len(places) == int(args[1]) and {p["device"] for p in places} == {"cuda:0"}
-    assert {p["gpu"] for p in places} == {torch.cuda.get_device_name(0)}
-    assert {p["uuid"] for p in places} == {str(torch.cuda.get_device_properties(0).uuid)}
     import pynvml
 
-    pynvml.nvmlInit()
+    def text(value: str | bytes) -> str:
+        return value.decode() if isinstance(value, bytes) else value
+
+    pynvml.nvmlInit()  # NVML's word on GPU 0, against what the ranks took from torch
     try:
-        bus = pynvml.nvmlDeviceGetPciInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).busId
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        bus = text(pynvml.nvmlDeviceGetPciInfo(handle).busId).lower()  # "00000000:1b:00.0"
+        name, uuid = text(pynvml.nvmlDeviceGetName(handle)), text(pynvml.nvmlDeviceGetUUID(handle))
     finally:
         pynvml.nvmlShutdown()
-    bus = (bus.decode() if isinstance(bus, bytes) else bus).lower()
-    assert all(bus.endswith(p["pci"]) for p in places), (bus, places)
+    assert {p["gpu"] for p in places} == {name}
+    assert {f"GPU-{p['uuid']}" for p in places} == {uuid}
+    assert all(len(p["pci"]) == len("0000:1b:00.0") and bus.endswith(p["pci"]) for p in places), (bus, places)
     assert f"#  rank 0: host {places[0]['host']}, pid {places[0]['pid']}, cuda:0 " in out.stdout
 
 

@@ -65,3 +65,7 @@ def test_ddp_bytes_count_the_buffers_it_broadcasts(tmp_path) -> None:
     epochs = [r for r in map(json.loads, out.read_text().splitlines()) if r["type"] == "epoch"]
     ratio = {e["strategy"]: e["wire_bytes_ratio"] for e in epochs}
     assert ratio["ddp"] / ratio["naive"] == pytest.approx(1.0, abs=0.1), ratio
+    # and each agrees with what its computed bytes lead one to expect on the wire (without the
+    # buffers in the computed bytes, both measured about twice that)
+    for e in epochs:
+        assert e["wire_bytes_ratio"] == pytest.approx(e["wire_expected_ratio"], rel=0.1), e

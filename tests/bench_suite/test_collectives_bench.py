@@ -54,6 +54,9 @@ def _prepare(b: Buffers, bench_world) -> None:
 def test_collective(benchmark, bench_world, collective, algorithm, root, in_place, size_bytes):
     spec = SPECS[collective]
     b = make(collective, size_bytes, "float32", 0, WORLD, root, in_place)
+    # the form benchmarked is the form named: in place, output and input share one buffer
+    shared = b.output.untyped_storage().data_ptr() == b.input.untyped_storage().data_ptr()
+    assert shared == spec.runs_in_place(in_place)
     announced = False  # whether the other ranks were told of the next call
 
     def setup() -> None:
