@@ -352,6 +352,30 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
             ),
             "line 2: the sweep record's 'size_bytes' is \"2K\", not a whole number",
         ),
+        *(
+            (
+                json.dumps(
+                    {
+                        "type": "sweep",
+                        "collective": "all_reduce",
+                        "algorithm": "ring",
+                        "world_size": 2,
+                        "size_bytes": 1024,
+                        "busbw_gbps": 1.0,
+                        field: value,
+                    }
+                )
+                + "\n",
+                needle,
+            )
+            for field, value, needle in (
+                ("size_bytes", 0, "'size_bytes' is 0, not a whole number >= 1"),
+                ("world_size", -1, "'world_size' is -1, not a whole number >= 1"),
+                ("busbw_gbps", -2.5, "'busbw_gbps' is -2.5, not a finite number >= 0"),
+                ("time_us", float("inf"), "'time_us' is Infinity, not a finite number >= 0"),
+                ("algbw_gbps", float("nan"), "'algbw_gbps' is NaN, not a finite number >= 0"),
+            )
+        ),
     ],
 )
 def test_summary_rejects_files_it_did_not_write(tmp_path, capsys, content, needle):

@@ -159,7 +159,7 @@ _SWEEP = (
         (_SWEEP[:-2] + ', "wire_check": 5}\n', "line 1: the sweep record's 'wire_check' is 5, not text"),
         (
             '{"type": "bandwidth", "name": "host->host", "size_bytes": 1, "time_s": null, "gbps": 1}\n',
-            "the bandwidth record's 'time_s' is null, not a number",
+            "the bandwidth record's 'time_s' is null, not a finite number >= 0",
         ),
         (
             '{"type": "header"}\n{"type": "cluster", "hosts": [{"tx_bytes": "a"}]}\n',
@@ -172,9 +172,19 @@ _SWEEP = (
         (
             '{"type": "train_summary", "strategy": "ring", "world_size": 2, "step_time_ms": 1, '
             '"images_per_s": true}\n',
-            "the train_summary record's 'images_per_s' is true, not a number",
+            "the train_summary record's 'images_per_s' is true, not a finite number >= 0",
         ),
         ('{"type": "probe", "samples": {}}\n', "the probe record's 'samples' is {}, not a list"),
+        # a time or size no run measures: the plots came out with pages of matplotlib's warnings
+        (
+            '{"type": "train_summary", "strategy": "ring", "world_size": 2, "step_time_ms": 1, '
+            '"images_per_s": 5, "backward_ms": Infinity}\n',
+            "the train_summary record's 'backward_ms' is Infinity, not a finite number >= 0",
+        ),
+        (
+            '{"type": "bandwidth", "name": "host->host", "size_bytes": 0, "time_s": 1, "gbps": 1}\n',
+            "the bandwidth record's 'size_bytes' is 0, not a whole number >= 1",
+        ),
         ('{"type": "header", "command": 3}\n' + _SWEEP, "line 1: the header record's 'command' is 3, not"),
     ],
 )
@@ -185,6 +195,23 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, content, needle):
     assert main(["report", str(path), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
+
+
+def test_a_run_that_diverged_is_reported(recorded, tmp_path, capsys):
+    """A loss that went to infinity or NaN is what the run wrote: the report shows it, quietly."""
+    lines = []
+    for line in recorded["compare"].read_text().splitlines():
+        r = json.loads(line)
+        if r.get("type") == "epoch":
+            r["loss"], r["eval_loss"] = float("inf"), float("nan")
+        if r.get("type") == "train_summary":
+            r["final_loss"] = float("nan")
+        lines.append(json.dumps(r))
+    path = tmp_path / "diverged.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["report", str(path), "-o", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().err == ""
+    assert "### Training" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_a_file_holding_several_runs_is_refused(tmp_path, capsys):

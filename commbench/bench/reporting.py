@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import html
 import json
+import math
 import os
 import shutil
 import sys
@@ -245,10 +246,18 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
 
 
 NUMBER, WHOLE, TEXT, LIST, NUMBERS = "a number", "a whole number", "text", "a list", "a list of numbers"
+# A time, a rate or a bandwidth commbench measured; a count of ranks or bytes. Plotted on log axes
+# or as bars, a size of 0 or less, or an infinite time, made a report of warnings from matplotlib
+# (a loss may be infinite or NaN: a run that diverged writes it so).
+AMOUNT, COUNT = "a finite number >= 0", "a whole number >= 1"
 
 
 def _is(v: Any, what: str) -> bool:
-    """Whether ``v`` is ``what`` (one of NUMBER, WHOLE, TEXT, LIST, NUMBERS); a bool is no number."""
+    """Whether ``v`` is ``what`` (NUMBER, WHOLE, AMOUNT, COUNT, TEXT, LIST, NUMBERS); a bool is no number."""
+    if what == AMOUNT:
+        return _is(v, NUMBER) and math.isfinite(v) and v >= 0
+    if what == COUNT:
+        return _is(v, WHOLE) and v >= 1
     if what in (NUMBER, WHOLE):
         return isinstance(v, int if what == WHOLE else int | float) and not isinstance(v, bool)
     if what == NUMBERS:
@@ -278,17 +287,17 @@ VALUES: dict[str, dict[str, str]] = {
     "sweep": {
         "collective": TEXT,
         "algorithm": TEXT,
-        "world_size": WHOLE,
-        "size_bytes": WHOLE,
-        "busbw_gbps": NUMBER,
+        "world_size": COUNT,
+        "size_bytes": COUNT,
+        "busbw_gbps": AMOUNT,
         "backend": TEXT,
         "device": TEXT,
         "dtype": TEXT,
         "op": TEXT,
         "block": WHOLE,
         "root": WHOLE,
-        "time_us": NUMBER,
-        "algbw_gbps": NUMBER,
+        "time_us": AMOUNT,
+        "algbw_gbps": AMOUNT,
         "busbw_ratio_to_builtin": NUMBER,
         "frac_of_limit": NUMBER,
         "wrong": WHOLE,
@@ -298,8 +307,8 @@ VALUES: dict[str, dict[str, str]] = {
         "strategy": TEXT,
         "epoch": WHOLE,
         "step_losses": NUMBERS,
-        "time_s": NUMBER,
-        "images_per_s": NUMBER,
+        "time_s": AMOUNT,
+        "images_per_s": AMOUNT,
         "loss": NUMBER,
         "eval_loss": NUMBER,
         "accuracy": NUMBER,
@@ -307,20 +316,20 @@ VALUES: dict[str, dict[str, str]] = {
     },
     "train_summary": {
         "strategy": TEXT,
-        "world_size": WHOLE,
-        "step_time_ms": NUMBER,
-        "images_per_s": NUMBER,
+        "world_size": COUNT,
+        "step_time_ms": AMOUNT,
+        "images_per_s": AMOUNT,
         "model": TEXT,
         "batch_size": WHOLE,
-        "data_ms": NUMBER,
-        "forward_ms": NUMBER,
-        "backward_ms": NUMBER,
-        "exposed_comm_ms": NUMBER,
-        "optimizer_ms": NUMBER,
-        "comm_ms": NUMBER,
+        "data_ms": AMOUNT,
+        "forward_ms": AMOUNT,
+        "backward_ms": AMOUNT,
+        "exposed_comm_ms": AMOUNT,
+        "optimizer_ms": AMOUNT,
+        "comm_ms": AMOUNT,
         "hidden_comm_fraction": NUMBER,
-        "first_epoch_time_s": NUMBER,
-        "later_epoch_time_s": NUMBER,
+        "first_epoch_time_s": AMOUNT,
+        "later_epoch_time_s": AMOUNT,
         "final_loss": NUMBER,
         "final_accuracy": NUMBER,
         "trainable_params": NUMBER,
@@ -330,14 +339,14 @@ VALUES: dict[str, dict[str, str]] = {
     },
     "bandwidth": {
         "name": TEXT,
-        "size_bytes": WHOLE,
-        "time_s": NUMBER,
-        "gbps": NUMBER,
-        "expected_gbps": NUMBER,
-        "limit_gbps": NUMBER,
+        "size_bytes": COUNT,
+        "time_s": AMOUNT,
+        "gbps": AMOUNT,
+        "expected_gbps": AMOUNT,
+        "limit_gbps": AMOUNT,
         "limit_source": TEXT,
     },
-    "probe": {"samples": LIST, "nvml": TEXT, "wall_s": NUMBER, "overhead_core_fraction": NUMBER},
+    "probe": {"samples": LIST, "nvml": TEXT, "wall_s": AMOUNT, "overhead_core_fraction": NUMBER},
 }
 REQUIRED: dict[str, tuple[str, ...]] = {
     "sweep": ("collective", "algorithm", "world_size", "size_bytes", "busbw_gbps"),
