@@ -331,14 +331,21 @@ def check_launch(config: Any, world_size: int, device: str) -> None:
             )
         if s in CUDA_ONLY and device != "cuda":
             raise ValueError(f"strategy {s} needs --device cuda")
-    if config.global_batch is not None:
-        from commbench.trainers.loop import per_rank_batch
+    from commbench.trainers.loop import MAX_LR, per_rank_batch
 
+    batch = config.batch_size
+    if config.global_batch is not None:
         if config.batch_size == 0:
             raise ValueError("--global-batch sets the batch; it cannot go with --batch-size 0 (the search)")
-        per_rank_batch(config.global_batch, world_size)
+        batch = per_rank_batch(config.global_batch, world_size)
     elif config.batch_size == 0 and device != "cuda":
         raise ValueError("searching the largest batch (--batch-size 0) needs --device cuda")
+    scaled = config.effective_lr(batch, world_size) if batch > 0 else 0.0
+    if scaled > MAX_LR:
+        raise ValueError(
+            f"--lr {config.lr:g} scaled linearly to the batch is {scaled:.4g}, "
+            f"past {MAX_LR:.4g} (float32's largest, the gradients' type)"
+        )
 
 
 def cmd_train(config: Any, spec: Any, command: str | None = None, name: str = "train") -> int:

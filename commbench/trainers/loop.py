@@ -38,6 +38,10 @@ PHASES = ("data", "forward", "backward", "exposed_comm", "optimizer", "step", "c
 
 
 SEED_LIMIT = 1 << 32
+MAX_EPOCHS = 1_000_000  # as a sweep's iterations: past it a run is a typo, not a measurement
+# The optimizer scales float32 gradients by the learning rate: past float32's largest it cannot
+# (torch: "value cannot be converted to type float without overflow", from a rank).
+MAX_LR = float(torch.finfo(torch.float32).max)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -105,6 +109,8 @@ class TrainConfig:
         for name in ("replicate", "epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.epochs > MAX_EPOCHS:
+            raise ValueError(f"epochs must be <= {MAX_EPOCHS}, got {self.epochs}")
         if self.batch_size < 0:
             raise ValueError(f"batch size must be >= 1 (or 0 to search the largest), got {self.batch_size}")
         for name in ("steps_per_epoch", "samples", "reference_batch", "global_batch"):
@@ -115,6 +121,10 @@ class TrainConfig:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name.replace('_', ' ')} must be a finite number > 0, got {value}")
+        if self.lr > MAX_LR:
+            raise ValueError(
+                f"lr must be at most {MAX_LR:.4g} (float32's largest, the gradients' type), got {self.lr}"
+            )
         for name in ("bucket_cap_mb", "first_bucket_mb"):  # used as whole bytes
             if int(getattr(self, name) * MiB) < 1:
                 raise ValueError(
@@ -143,8 +153,11 @@ class TrainConfig:
                 f"--transport {self.transport} is the bucketed strategy's, which is not among "
                 f"{','.join(self.strategies)}"
             )
-        if self.loss_threshold is not None and not math.isfinite(self.loss_threshold):
-            raise ValueError(f"loss threshold must be finite, got {self.loss_threshold}")
+        if self.loss_threshold is not None and not (
+            math.isfinite(self.loss_threshold) and self.loss_threshold > 0
+        ):
+            # a cross-entropy loss is above 0: a threshold at or below it is never reached
+            raise ValueError(f"loss threshold must be a finite number > 0, got {self.loss_threshold}")
         if not 0 <= self.seed < SEED_LIMIT:  # each rank seeds seed * 1000 + rank: it must stay an int64
             raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed}")
 
