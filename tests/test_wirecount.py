@@ -224,3 +224,31 @@ def test_a_window_opens_between_two_barriers(monkeypatch):
     monkeypatch.setattr(wirecount.dist, "barrier", lambda: calls.append("barrier"))
     assert wirecount.opened(lambda: calls.append("read") or 7) == 7
     assert calls == ["barrier", "read", "barrier"]
+
+
+@pytest.mark.parametrize("value", ["junk", "-1", "0", "nan", "inf", "1e400"])
+def test_a_bad_link_rate_is_one_line_and_exit_2_before_any_rank_starts(monkeypatch, capsys, value):
+    """A rate the ranks could not read failed in one of them ("rank 1 failed: ValueError: could not
+    convert string to float"), naming no variable; 0, -1 and nan were taken as they came."""
+    from commbench.bench import cli, launch
+
+    def started(*args, **kwargs):
+        raise AssertionError("the ranks were started")
+
+    monkeypatch.setattr(launch, "run", started)
+    monkeypatch.setenv("COMMBENCH_LINK_GBPS", value)
+    assert cli.main(["sweep", "-b", "1K", "-e", "1K", "--world-size", "2"]) == 2
+    err = capsys.readouterr().err
+    refusal = f"$COMMBENCH_LINK_GBPS={value!r} is not a link rate: give Gbit/s, a number > 0 (e.g. 1 or 2.5)"
+    assert err == f"commbench: error: {refusal}\n"
+
+
+def test_a_shaped_link_rate_is_read_in_gbit_per_s(monkeypatch):
+    from commbench.probes.wirecount import shaped_link_gbps
+
+    monkeypatch.delenv("COMMBENCH_LINK_GBPS", raising=False)
+    assert shaped_link_gbps() is None
+    monkeypatch.setenv("COMMBENCH_LINK_GBPS", " ")
+    assert shaped_link_gbps() is None
+    monkeypatch.setenv("COMMBENCH_LINK_GBPS", "2.5")
+    assert shaped_link_gbps() == 2.5 and link_gbps("lo", True) == pytest.approx(2.5 / 8)

@@ -224,15 +224,17 @@ def sweep_config(args: argparse.Namespace) -> Any:
 
 
 def check_environment() -> None:
-    """Refuse a bad $COMMBENCH_LOOPBACK_CC, $COMMBENCH_LOOPBACK_NOTSENT, $COMMBENCH_GLOO_CUDA_HOST_FROM
-    or $COMMBENCH_GLOO_DUPLEX (ValueError, one line) before anything starts."""
+    """Refuse a bad $COMMBENCH_LOOPBACK_CC, $COMMBENCH_LOOPBACK_NOTSENT, $COMMBENCH_GLOO_CUDA_HOST_FROM,
+    $COMMBENCH_GLOO_DUPLEX or $COMMBENCH_LINK_GBPS (ValueError, one line) before anything starts."""
     from commbench import comm
     from commbench.comm import p2p, tcp
+    from commbench.probes import wirecount
 
     tcp.setting()
     tcp.notsent_setting()
     comm.stage_whole_from()
     p2p.duplex_setting()
+    wirecount.shaped_link_gbps()
 
 
 def launch_spec(args: argparse.Namespace) -> Any:

@@ -151,13 +151,33 @@ def link_problem(
     return None
 
 
+LINK_ENV = "COMMBENCH_LINK_GBPS"
+
+
+def shaped_link_gbps() -> float | None:
+    """``$COMMBENCH_LINK_GBPS`` (Gbit/s each way, set by the emulated cluster for its shaped links),
+    None where unset; ValueError (one line) for what is not a positive finite number."""
+    shaped = os.environ.get(LINK_ENV, "").strip()
+    if not shaped:
+        return None
+    try:
+        gbit = float(shaped)
+    except ValueError:
+        gbit = math.nan
+    if not (math.isfinite(gbit) and gbit > 0):
+        raise ValueError(
+            f"${LINK_ENV}={shaped!r} is not a link rate: give Gbit/s, a number > 0 (e.g. 1 or 2.5)"
+        )
+    return gbit
+
+
 def link_gbps(nic: str, loopback: bool) -> float | None:
     """The interface's maximum in GB/s (10^9 bytes) each way: ``$COMMBENCH_LINK_GBPS`` (Gbit/s, set
     by the emulated cluster for its shaped links), else the speed the driver reports; None for
     loopback and where no speed is known."""
-    shaped = os.environ.get("COMMBENCH_LINK_GBPS")
-    if shaped:
-        return float(shaped) / 8
+    shaped = shaped_link_gbps()
+    if shaped is not None:
+        return shaped / 8
     if loopback:
         return None
     stats = psutil.net_if_stats().get(nic)
