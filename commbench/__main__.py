@@ -15,6 +15,13 @@ INTERRUPTED = "commbench: interrupted"
 
 def run(argv: list[str] | None = None) -> int:
     """Import the CLI and run it; returns the exit code."""
+    from commbench.bench import openmp
+
+    try:
+        openmp.omp_threads()  # before torch loads libgomp, which complains of a bad value itself
+    except ValueError as exc:
+        print(f"commbench: error: {exc}", file=sys.stderr)
+        return 2
     try:
         from commbench.bench.cli import main
     except KeyboardInterrupt:

@@ -225,8 +225,10 @@ def sweep_config(args: argparse.Namespace) -> Any:
 
 def check_environment() -> None:
     """Refuse a bad $COMMBENCH_LOOPBACK_CC, $COMMBENCH_LOOPBACK_NOTSENT, $COMMBENCH_GLOO_CUDA_HOST_FROM,
-    $COMMBENCH_GLOO_DUPLEX or $COMMBENCH_LINK_GBPS (ValueError, one line) before anything starts."""
+    $COMMBENCH_GLOO_DUPLEX, $COMMBENCH_LINK_GBPS or $OMP_NUM_THREADS (ValueError, one line) before
+    anything starts."""
     from commbench import comm
+    from commbench.bench import openmp
     from commbench.comm import p2p, tcp
     from commbench.probes import wirecount
 
@@ -235,6 +237,7 @@ def check_environment() -> None:
     comm.stage_whole_from()
     p2p.duplex_setting()
     wirecount.shaped_link_gbps()
+    openmp.omp_threads()
 
 
 def launch_spec(args: argparse.Namespace) -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commbench.bench import signals, starter
+from commbench.bench import openmp, signals, starter
 from commbench.bench.starter import launched_externally
 from commbench.comm import p2p
 
@@ -328,11 +328,8 @@ def _threads() -> int:
     cores) made gloo with CUDA tensors lose to its own calls: the hand-written reductions on host
     copies took the cores gloo's threads needed (docs/PERFORMANCE.md, "Threads per rank on a GPU
     host")."""
-    try:
-        given = int(os.environ.get("OMP_NUM_THREADS", ""))
-    except ValueError:
-        given = 0
-    if given >= 1:
+    given = openmp.omp_threads()
+    if given is not None:
         return given
     if local_ranks() > 1:
         return 1
