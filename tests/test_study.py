@@ -729,6 +729,30 @@ def test_unwritable_output_is_one_line_before_any_run(out, capsys):
     assert "== study" not in captured.out
 
 
+@pytest.mark.parametrize("out", ["/etc/passwd", "/dev/null", "/etc/passwd/deeper"])
+def test_a_dry_run_refuses_the_output_the_run_would_refuse(out, capsys):
+    """The plan printed, exit 0, for a directory the study could never make."""
+    assert main(["study", "000_backbones", "--tiny", "--dry-run", "-o", out]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"commbench: error: cannot create {out}/runs: Not a directory\n"
+    assert captured.out == ""
+
+
+def test_a_dry_run_into_a_new_directory_makes_nothing(tmp_path, capsys):
+    out = tmp_path / "new" / "deeper"
+    assert main(["study", "000_backbones", "--tiny", "--dry-run", "-o", str(out)]) == 0
+    assert f"--json {out}/runs/" in capsys.readouterr().out and not (tmp_path / "new").exists()
+
+
+def test_list_takes_no_study_name(capsys):
+    assert main(["study", "--list", "000_backbones"]) == 2
+    captured = capsys.readouterr()
+    assert (
+        captured.err == "commbench: error: --list lists every study; it takes no name (got '000_backbones')\n"
+    )
+    assert captured.out == ""
+
+
 @pytest.mark.parametrize("name", ["000_backbones", "002_memory_utilisation"])
 def test_full_scale_on_cuda_without_cuda_is_refused_before_any_run(name, tmp_path, monkeypatch, capsys):
     """Each run used to fail alone with the same message (21 of them for 000_backbones)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import io
 import itertools
@@ -1362,9 +1363,25 @@ def add_parser(sub: Any) -> None:
     )
 
 
+def _check_creatable(folder: Path) -> None:
+    """ValueError where ``folder`` could not be made: the nearest existing path above it is a file,
+    or a directory this process may not write in (the message the run's own mkdir gives)."""
+    above = folder
+    while not above.exists() and above.parent != above:
+        above = above.parent
+    if above == folder and above.is_dir():
+        return
+    if not above.is_dir():
+        raise ValueError(f"cannot create {folder}: {os.strerror(errno.ENOTDIR)}")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot create {folder}: {os.strerror(errno.EACCES)}")
+
+
 def run(args: argparse.Namespace) -> int:
     """``commbench study``: list, plan or run a preset; prints one line per run and where the report is."""
     if args.list:  # every study that loads; one line on stderr for each that does not
+        if args.name:
+            raise ValueError(f"--list lists every study; it takes no name (got {args.name!r})")
         bad = 0
         for name in known_studies():
             try:
@@ -1384,6 +1401,7 @@ def run(args: argparse.Namespace) -> int:
         why_not = _why_no_cluster(study, config.scale)  # as the run would decide
         planned = plan(study, config.scale, config.directory, cluster_ok=why_not is None)
         validate(planned)
+        _check_creatable(config.directory / "runs")  # as the run would refuse it
         if why_not:
             print(f"# cluster groups run on local ranks here: {why_not}")
         for p in planned:
