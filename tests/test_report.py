@@ -185,6 +185,12 @@ _SWEEP = (
             '{"type": "bandwidth", "name": "host->host", "size_bytes": 0, "time_s": 1, "gbps": 1}\n',
             "the bandwidth record's 'size_bytes' is 0, not a whole number >= 1",
         ),
+        (  # past a float's range: the check itself raised OverflowError
+            '{"type": "bandwidth", "name": "host->host", "size_bytes": 1, "time_s": 1'
+            + "0" * 400
+            + ', "gbps": 1}\n',
+            "'time_s' is 1000000000000000000000000000000000000..., not a finite number",
+        ),
         ('{"type": "header", "command": 3}\n' + _SWEEP, "line 1: the header record's 'command' is 3, not"),
     ],
 )

@@ -252,3 +252,12 @@ def test_a_shaped_link_rate_is_read_in_gbit_per_s(monkeypatch):
     assert shaped_link_gbps() is None
     monkeypatch.setenv("COMMBENCH_LINK_GBPS", "2.5")
     assert shaped_link_gbps() == 2.5 and link_gbps("lo", True) == pytest.approx(2.5 / 8)
+
+
+def test_a_refused_demo_leaves_no_results_directory(monkeypatch, tmp_path, capsys):
+    from commbench.bench import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COMMBENCH_LINK_GBPS", "junk")
+    assert cli.main(["demo"]) == 2
+    assert "$COMMBENCH_LINK_GBPS='junk'" in capsys.readouterr().err and not (tmp_path / "results").exists()

@@ -759,6 +759,7 @@ def _main(argv: list[str] | None) -> int:
                     "variables) are set, as torchrun and srun set them: unset them, or run commbench "
                     "sweep under the launcher"
                 )
+            check_environment()  # before the directory: a refused run leaves nothing behind
             try:
                 Path("results").mkdir(exist_ok=True)
             except OSError as exc:

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import html
 import json
-import math
 import os
 import shutil
 import sys
@@ -254,10 +253,10 @@ AMOUNT, COUNT = "a finite number >= 0", "a whole number >= 1"
 
 def _is(v: Any, what: str) -> bool:
     """Whether ``v`` is ``what`` (NUMBER, WHOLE, AMOUNT, COUNT, TEXT, LIST, NUMBERS); a bool is no number."""
-    if what == AMOUNT:
-        return _is(v, NUMBER) and math.isfinite(v) and v >= 0
+    if what == AMOUNT:  # NaN compares false; an integer past a float's range is refused too
+        return _is(v, NUMBER) and 0 <= v <= sys.float_info.max
     if what == COUNT:
-        return _is(v, WHOLE) and v >= 1
+        return _is(v, WHOLE) and 1 <= v <= sys.float_info.max  # plotted, so within a float's range
     if what in (NUMBER, WHOLE):
         return isinstance(v, int if what == WHOLE else int | float) and not isinstance(v, bool)
     if what == NUMBERS:
