@@ -38,6 +38,18 @@ def recorded_compare(tmp_path_factory) -> recorded.Run:
     return recorded.record_compare(tmp_path_factory.mktemp("recorded-compare"))
 
 
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """For a refusal that must come before any rank starts: starting them fails the test (each
+    rank would refuse the same input too, once launched, so the outcome alone cannot tell)."""
+    from commbench.bench import launch
+
+    def started(*args, **kwargs):
+        raise AssertionError("the ranks were started")
+
+    monkeypatch.setattr(launch, "run", started)
+
+
 @pytest.fixture(scope="module")
 def worlds():
     """Gloo worlds of 1 to 5 CPU ranks, started on first use and kept for the module (idle ranks
