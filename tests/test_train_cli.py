@@ -79,6 +79,16 @@ SUMMARY_KEYS = (
         (["train", "--bucket-cap-mb", "1e30"], "bucket cap mb must be at most 1048576 MiB (1 TiB)"),
         (["train", "--first-bucket-mb", "2e6"], "first bucket mb must be at most 1048576 MiB"),
         (["train", "--transport", "pigeon"], "invalid choice"),
+        # A cap given to strategies without buckets went unused, and the run looked like it had one.
+        (
+            ["train", "--strategy", "ring", "--bucket-cap-mb", "4"],
+            "--bucket-cap-mb is read by the bucketed and ddp strategies, neither of which is among ring",
+        ),
+        (
+            ["compare", "--strategies", "naive,ring", "--first-bucket-mb", "2"],
+            "--first-bucket-mb is read by the bucketed and ddp strategies, neither of which is among naive,"
+            "ring",
+        ),
         (["train", "--momentum", "1"], "momentum"),
         (["train", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),
         (["compare", "--world-size", "0"], "world size"),
@@ -97,6 +107,25 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv: list[str], needle: str) 
     err = capsys.readouterr().err
     assert needle in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "caps"),
+    [
+        (["train"], (25.0, 1.0)),  # DDP's defaults
+        (["train", "--bucket-cap-mb", "4"], (4.0, 1.0)),
+        (["compare", "--strategies", "ring,bucketed", "--first-bucket-mb", "0.5"], (25.0, 0.5)),
+        (
+            ["compare", "--strategies", "naive,ddp", "--bucket-cap-mb", "8", "--first-bucket-mb", "2"],
+            (8.0, 2.0),
+        ),
+    ],
+)
+def test_bucket_caps_reach_the_config_where_a_strategy_reads_them(argv, caps) -> None:
+    from commbench.bench import cli, train
+
+    config = train.train_config(cli.build_parser().parse_args(argv))
+    assert (config.bucket_cap_mb, config.first_bucket_mb) == caps
 
 
 def test_the_index_memory_refusal_counts_every_rank_on_the_host() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.bench.records import exposed_comm_ms, output_path
-from commbench.trainers.sync import SINGLE_PROCESS, STRATEGIES, TRANSPORTS
+from commbench.trainers.sync import BUCKETED, SINGLE_PROCESS, STRATEGIES, TRANSPORTS
 from commbench.units import rank_count
 
 
@@ -85,13 +85,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bucket-cap-mb",
         type=float,
-        default=25.0,
-        help="bucket cap in MiB, up to 2^20 (default 25, as DDP)",
+        default=None,
+        help="bucket cap in MiB, up to 2^20, for bucketed and ddp (default 25, as DDP)",
     )
     p.add_argument(
         "--first-bucket-mb",
         type=float,
-        default=1.0,
+        default=None,
         help="first bucket's cap in MiB (default 1); ddp takes any where torch has bucket_cap_mb_list, "
         "else 1 under the default cap or the cap itself",
     )
@@ -143,7 +143,9 @@ def train_config(args: argparse.Namespace) -> Any:
     from commbench.trainers.models import parse_model_options
 
     text = args.strategy if args.command == "train" else args.strategies
-    return TrainConfig(
+    # given only: the config's defaults stand for the rest, and what is given must be read by a strategy
+    caps = {n: v for n in ("bucket_cap_mb", "first_bucket_mb") if (v := getattr(args, n)) is not None}
+    config = TrainConfig(
         strategies=tuple(s.strip() for s in text.split(",") if s.strip()),
         model=args.model,
         model_options=tuple(parse_model_options(args.model_opt).items()),
@@ -162,8 +164,7 @@ def train_config(args: argparse.Namespace) -> Any:
         seed=args.seed,
         loss_threshold=args.loss_threshold,
         transport=args.transport,
-        bucket_cap_mb=args.bucket_cap_mb,
-        first_bucket_mb=args.first_bucket_mb,
+        **caps,
         evaluate=not args.no_eval,
         probe=not args.no_probe,
         probe_interval_s=args.probe_interval,
@@ -171,6 +172,13 @@ def train_config(args: argparse.Namespace) -> Any:
         plot_path=args.plot,
         quiet=args.quiet,
     )
+    if caps and not set(BUCKETED) & set(config.strategies):
+        flag = "--" + next(iter(caps)).replace("_", "-")
+        raise ValueError(
+            f"{flag} is read by the {' and '.join(BUCKETED)} strategies, neither of which is among "
+            f"{','.join(config.strategies)}"
+        )
+    return config
 
 
 def _fmt(x: float | None, spec: str, width: int) -> str:

@@ -534,7 +534,7 @@ def summarise(
         (e for e in epochs if config.loss_threshold is not None and e.loss < config.loss_threshold), None
     )
     step_ms = median_ms(col["step"])
-    bucketed = trainer.strategy in ("bucketed", "ddp")
+    bucketed = trainer.strategy in sync_mod.BUCKETED
     return TrainSummary(
         strategy=trainer.strategy,
         world_size=world,

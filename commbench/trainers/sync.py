@@ -35,6 +35,7 @@ from commbench.trainers.timing import Clock
 
 STRATEGIES = ("none", "naive", "ring", "bucketed", "ddp", "dp", "vanilla-dp")
 TRANSPORTS = ("backend", "ring")
+BUCKETED = ("bucketed", "ddp")  # the strategies that read the bucket caps
 SINGLE_PROCESS = ("none", "dp", "vanilla-dp")  # one process; dp and vanilla-dp drive every local GPU
 CUDA_ONLY = ("dp", "vanilla-dp")
 
