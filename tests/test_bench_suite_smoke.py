@@ -45,6 +45,7 @@ def test_benchmark_suite_smoke():
     assert "passed" in out.stdout.splitlines()[-1]
 
 
+@pytest.mark.slow  # a launch of its own (12 s); make test keeps the two-rank smoke (CI's ten minutes)
 def test_the_suite_at_three_ranks_tells_the_neighbours_apart():
     """At two ranks the left and the right neighbour are one rank: a send/recv that went the wrong
     way round would pass there. At three it is wrong on every rank."""

@@ -224,6 +224,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # a launch of its own (10 s), under make test-slow (CI's ten minutes)
 def test_a_rank_keeps_what_the_agent_set_and_applies_threads_set_after_the_server_started(tmp_path):
     """The agent's RANK=0 equals the server's starting value that the launcher has since removed;
     rank 0 still gets it. OMP_NUM_THREADS set after the server loaded torch still counts."""

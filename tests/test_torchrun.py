@@ -172,7 +172,8 @@ TRAIN_ON_TWO_NODES = (
 @pytest.mark.parametrize(
     ("command", "written"),
     [
-        (SWEEP_ON_TWO_NODES, ["r.csv", "r.jsonl", "r.png"]),
+        # both in make test-slow: make test keeps test_sweep_under_torchrun (CI's ten minutes)
+        pytest.param(SWEEP_ON_TWO_NODES, ["r.csv", "r.jsonl", "r.png"], marks=pytest.mark.slow),
         pytest.param(TRAIN_ON_TWO_NODES, ["r-loss.png", "r.jsonl", "r.png"], marks=pytest.mark.slow),
     ],
     ids=["sweep", "train"],
