@@ -260,6 +260,32 @@ def test_bad_input_to_the_profiled_command_leaves_no_parents_either(tmp_path, mo
     assert [p.name for p in tmp_path.iterdir()] == ["bin"]
 
 
+@pytest.mark.parametrize(
+    ("inner", "said"),
+    [
+        (["sweep", "--help"], "usage: commbench sweep"),
+        (["train", "-b", "1", "-h"], "usage: commbench train"),
+        (["--help"], "usage: commbench [-h]"),
+    ],
+)
+def test_help_for_the_profiled_command_is_its_help_and_exit_0(tmp_path, monkeypatch, capsys, inner, said):
+    """The help printed, then 'no rank process was seen' and exit 1; it starts nothing now, so it
+    needs no py-spy either."""
+    monkeypatch.setattr(profile, "run_profile", lambda config: pytest.fail(f"sampled {config.inner}"))
+    out = tmp_path / "prof"
+    with pytest.raises(SystemExit) as ended:
+        main(["profile", "-o", str(out), "--", *inner])
+    printed = capsys.readouterr()
+    assert ended.value.code == 0 and printed.out.startswith(said) and printed.err == "", printed
+    assert not out.exists()
+
+
+def test_only_the_profiled_commands_own_words_ask_for_help():
+    assert profile.asks_for_help(("compare", "-h"))
+    assert not profile.asks_for_help(("cluster", "--hosts", "2", "--", "sweep", "--help"))
+    assert not profile.asks_for_help(("sweep", "--json", "help.jsonl"))
+
+
 @pytest.mark.parametrize("command", ["bandwidth", "summary", "study"])
 def test_a_command_without_ranks_is_refused_in_one_line(command, capsys):
     """bandwidth ran, then profile said no rank process was seen and exited 1."""
