@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -374,8 +375,28 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
                 ("busbw_gbps", -2.5, "'busbw_gbps' is -2.5, not a finite number >= 0"),
                 ("time_us", float("inf"), "'time_us' is Infinity, not a finite number >= 0"),
                 ("algbw_gbps", float("nan"), "'algbw_gbps' is NaN, not a finite number >= 0"),
+                # past a float's range: "OverflowError: int too large to convert to float", a traceback
+                (
+                    "busbw_ratio_to_builtin",
+                    10**400,
+                    "is 1000000000000000000000000000000000000..., not a number within a float's range",
+                ),  # fmt: skip
+                ("frac_of_limit", -(10**400), "not a number within a float's range"),
+                ("wrong", -5, "'wrong' is -5, not a whole number >= 0"),  # was "-5 FAILED"
+                ("block", 0, "'block' is 0, not a whole number >= 1"),
             )
         ),
+        # the machine table's memory, past a float's range (report's traceback too)
+        (
+            '{"type": "header", "memory_bytes": 1' + "0" * 400 + "}\n",
+            "line 1: the header record's 'memory_bytes' is 1000000000000000000000000000000000000..., not a "
+            "finite number >= 0 within a float's range",
+        ),  # fmt: skip
+        # Python's own "Exceeds the limit (4300 digits) for integer string conversion", no file or line
+        (
+            '{"type": "header"}\n{"type": "sweep", "size_bytes": 1' + "0" * 5000 + "}\n",
+            "r.jsonl is not JSON Lines: line 2, column 1: a number with too many digits to read",
+        ),  # fmt: skip
     ],
 )
 def test_summary_rejects_files_it_did_not_write(tmp_path, capsys, content, needle):
@@ -496,6 +517,98 @@ def test_summary_refuses_a_file_holding_several_runs(tmp_path, capsys):
         assert f"{joined} holds 2 runs (header records at lines 1, 4)" in err
 
 
+def test_summary_across_refuses_one_file_given_twice(tmp_path, capsys, monkeypatch):
+    """It was taken for two runs that agreed exactly: each cell "(2, 2 of 2)" from one run."""
+    a = _run_file(tmp_path / "a.jsonl", 2, {1024: 0.5})
+    _run_file(tmp_path / "b.jsonl", 2, {1024: 1.5})
+    (tmp_path / "c.jsonl").symlink_to(a)
+    monkeypatch.chdir(tmp_path)
+    for names, said in (
+        (["a.jsonl", "b.jsonl", "a.jsonl"], "a.jsonl is given twice"),
+        (["a.jsonl", "b.jsonl", "./a.jsonl"], "a.jsonl and ./a.jsonl are one file"),
+        (["c.jsonl", "a.jsonl"], "c.jsonl and a.jsonl are one file"),
+    ):
+        assert main(["summary", "--across", *names]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == f"commbench: error: --across takes each run once, but {said}\n"
+    assert main(["summary", "--across", "a.jsonl", "b.jsonl"]) == 0
+    assert "| 1024 | 1.00 [0.50, 1.50] (1, 1 of 2) |" in capsys.readouterr().out
+
+
+def _points(*changes: dict) -> str:
+    """A two-rank all_reduce sweep's JSON Lines (builtin and ring at 1 KiB, and the send/recv
+    limit), then one more point for each of ``changes``: ring's 1 KiB point with those fields."""
+    point = {"type": "sweep", "collective": "all_reduce", "world_size": 2, "backend": "gloo",
+             "dtype": "float32", "op": "sum", "size_bytes": 1024, "busbw_gbps": 1.0,
+             "busbw_ratio_to_builtin": 1.0, "frac_of_limit": 1.0}  # fmt: skip
+    rows = [{"type": "header", "command": "commbench sweep"}]
+    rows += [{**point, "algorithm": a} for a in ("builtin", "ring")]
+    rows.append({**point, "collective": "sendrecv", "algorithm": "p2p", "op": None})
+    rows += [{**point, "algorithm": "ring", **c} for c in changes]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        # the table showed the last of the two, and the mean counted both
+        ({}, "line 5: all_reduce ring at 1024 B is there already (line 3)"),
+        ({"busbw_gbps": 5.0}, "line 5: all_reduce ring at 1024 B is there already (line 3)"),
+        # headed "all_reduce, 2 ranks", the table held broadcast's and four ranks' bandwidths
+        (
+            {"collective": "broadcast", "size_bytes": 2048},
+            "line 5: a point of broadcast, 2 ranks, gloo, "
+            "float32, sum, where line 2 has all_reduce, 2 ranks, gloo, float32, sum",
+        ),  # fmt: skip
+        ({"world_size": 4, "size_bytes": 2048}, "line 5: a point of all_reduce, 4 ranks"),
+        ({"op": "max", "size_bytes": 2048}, "line 5: a point of all_reduce, 2 ranks, gloo, float32, max"),
+        (
+            {"block": 4, "size_bytes": 2048},
+            "line 5: a point of all_reduce, 2 ranks, gloo, float32, sum, --block 4, where",
+        ),
+        (
+            {"dtype": "float16", "size_bytes": 2048},
+            "line 5: a point of all_reduce, 2 ranks, gloo, float16, sum, where",
+        ),
+        # the limit shares the sweep's ranks, backend, dtype, block and device (not its collective)
+        (
+            {"collective": "sendrecv", "algorithm": "p2p", "world_size": 3, "size_bytes": 2048},
+            "line 5: a point of sendrecv, 3 ranks",
+        ),  # fmt: skip
+    ],
+)
+def test_summary_refuses_a_file_that_is_not_one_sweep(tmp_path, capsys, changes, said):
+    path = tmp_path / "r.jsonl"
+    path.write_text(_points(changes))
+    assert main(["summary", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"commbench: error: {path} {said}") and err.count("\n") == 1, err
+
+
+def test_one_sweeps_points_at_other_sizes_and_forms_pass(tmp_path, capsys):
+    """The same point at another size, the limit at another size, or a record of no type."""
+    path = tmp_path / "r.jsonl"
+    more = (
+        {"size_bytes": 2048},
+        {"collective": "sendrecv", "algorithm": "p2p", "op": None, "size_bytes": 2048},
+    )
+    path.write_text(_points(*more) + '{"x": 1}\n')  # no type: once a KeyError in the closing lines
+    assert main(["summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "| 2048 |" in out
+        and "avg busbw (GB/s, mean over 2 sizes): builtin 1.000  ring 1.000  limit 1.000" in out
+    )
+
+
+def test_a_file_named_by_an_empty_word_is_refused_as_such(capsys):
+    """It was read as the current directory: "cannot read : Is a directory"."""
+    for argv in (["summary", ""], ["report", " "], ["report", "r.jsonl", "--baseline", ""]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.endswith("needs a file name, got an empty one\n") and err.count("\n") == 1, err
+
+
 def _send_recv_lines(busbw: dict[int, float]) -> str:
     """A send/recv sweep's JSON Lines as commbench writes them: busbw by size."""
     rows = [{"type": "header", "command": "commbench sweep --collective sendrecv"}]
@@ -579,9 +692,10 @@ def test_summary_across_runs_of_one_block_says_it(tmp_path, capsys):
     assert "2 runs: all_reduce, 4 ranks, gloo, float32, --block 4\n" in capsys.readouterr().out
 
 
-def test_summary_across_one_real_sweep_twice(recorded_sweep, capsys):
-    path = str(recorded_sweep.json)
-    assert main(["summary", "--across", path, path]) == 0
+def test_summary_across_one_real_sweep_twice(recorded_sweep, tmp_path, capsys):
+    path, copy = str(recorded_sweep.json), tmp_path / "copy.jsonl"
+    shutil.copyfile(path, copy)  # two files, as two runs that agreed exactly
+    assert main(["summary", "--across", path, str(copy)]) == 0
     out = capsys.readouterr().out
     assert "| 2097152 |" in out and "ring / builtin" in out and " of 2) |" in out
 

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from commbench.bench.records import file_stamp, output_path
+from commbench.bench.records import file_stamp, input_path, output_path
 from commbench.units import amount, rank_count
 from commbench.units import size_argument as _size
 
@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print, per size, each algorithm's busbw relative to builtin and to the send/recv "
         "limit, as a Markdown table, from files written by `commbench sweep --json`.",
     )
-    summary.add_argument("files", nargs="+", help="JSON Lines files from commbench sweep")
+    summary.add_argument("files", nargs="+", type=input_path, help="JSON Lines files from commbench sweep")
     summary.add_argument(
         "--across",
         action="store_true",
@@ -482,9 +482,46 @@ def _sweep_file(path: str) -> tuple[dict, list[dict]]:
         raise ValueError(
             f"{path} holds no sweep records: they come from commbench sweep --json, once a size is done"
         )
+    _check_one_sweep(path, [(line, r) for line, r in numbered if r.get("type") == "sweep"])
     if note:
         print(note, file=sys.stderr)
     return next((r for r in records if r.get("type") == "header"), {}), records
+
+
+def _check_one_sweep(path: str, numbered: list[tuple[int, dict]]) -> None:
+    """ValueError where a file's sweep records (with their lines) are not one sweep's: a point given
+    twice (the table showed the last, the mean counted both), or points of another collective, world
+    size or setting (the table showed them under the first one's heading). commbench writes one sweep
+    a file; such files were edited or joined by hand."""
+    from commbench.bench.collectives import in_place_form
+
+    def shared(what: tuple) -> tuple:  # what the limit (send/recv) series shares with its sweep
+        return tuple(what[i] for i in (1, 2, 3, 4, 6))  # ranks, backend, dtype, block, device
+
+    alone = all(r["collective"] == "sendrecv" for _, r in numbered)
+    first: dict[bool, tuple[int, tuple]] = {}  # limit or not: its first point's line and setting
+    seen: dict[tuple, int] = {}
+    for line, r in numbered:
+        point = (r["collective"], r["algorithm"], r["size_bytes"], in_place_form(r))
+        if point in seen:
+            raise ValueError(
+                f"{path} line {line}: {r['collective']} {r['algorithm']} at {r['size_bytes']} B is there "
+                f"already (line {seen[point]}); commbench writes each point once: give each run a file"
+            )
+        seen[point] = line
+        limit = r["collective"] == "sendrecv" and not alone
+        what = _what([r])
+        at, expected = first.setdefault(limit, (line, what))
+        if (shared(what) != shared(expected)) if limit else (what != expected):
+            raise ValueError(
+                f"{path} line {line}: a point of {_describe(what)}, where line {at} has "
+                f"{_describe(expected)}; commbench writes one sweep a file"
+            )
+    if True in first and False in first and shared(first[True][1]) != shared(first[False][1]):
+        raise ValueError(
+            f"{path} line {first[True][0]}: a send/recv limit of {_describe(first[True][1])}, where the "
+            f"sweep is {_describe(first[False][1])}; commbench writes one sweep a file"
+        )
 
 
 def _what(records: list[dict]) -> tuple:
@@ -518,11 +555,25 @@ def _describe(what: tuple) -> str:
     return f"{form_name(collective, in_place)}, {rank_count(world)}, {backend}{where}, {dtype}{how}{timed}"
 
 
+def _check_distinct(files: list[str]) -> None:
+    """ValueError where two of ``files`` are one file (given twice, or by two names): --across took it
+    for two runs, which agreed exactly."""
+    seen: dict[tuple[int, int], str] = {}
+    for path in files:
+        st = os.stat(path)
+        if (st.st_dev, st.st_ino) in seen:
+            other = seen[st.st_dev, st.st_ino]
+            again = f"{path} is given twice" if other == path else f"{other} and {path} are one file"
+            raise ValueError(f"--across takes each run once, but {again}")
+        seen[st.st_dev, st.st_ino] = path
+
+
 def cmd_summary(files: list[str], across: bool = False) -> int:
     from commbench.bench.report import closing_lines, ratio_table, spread_table
 
     loaded = [(path, *_sweep_file(path)) for path in files]
     if across:
+        _check_distinct(files)
         whats = {_what(records) for _, _, records in loaded}
         if len(whats) > 1:
             kinds = "; ".join(_describe(w) for w in sorted(whats, key=str))

@@ -152,6 +152,14 @@ def output_path(text: str) -> str:
     return descriptor_path(fd)
 
 
+def input_path(text: str) -> str:
+    """Argument type of every file to read: an empty name is refused (it was read as the current
+    directory, "cannot read : Is a directory")."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("needs a file name, got an empty one")
+    return text
+
+
 _GIVEN: frozenset[int] | None = None  # the descriptors the command was started with
 _TYPED: dict[str, str] = {}  # /proc/PID/fd/N -> the name given for it (/dev/stdout)
 
@@ -364,6 +372,10 @@ def loads(text: str | bytes) -> Any:
         return json.loads(text)
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply to read", str(text[:0]), 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # an integer past Python's digit limit: its message named no file or line
+        raise json.JSONDecodeError("a number with too many digits to read", str(text[:0]), 0) from None
 
 
 def first_line(exc: BaseException) -> str:

@@ -96,7 +96,7 @@ def closing_lines(records: Sequence[Any]) -> list[str]:
     series and both forms; a collective's is 0 at one rank, where nothing crosses a bus, while the
     limit's is a copy's). The count of sizes says where a file holds fewer than its sweep planned
     (one cut short by a stop). Records of other types are left out."""
-    rows = [r for r in map(_fields, records) if r.get("type", "sweep") == "sweep"]
+    rows = [r for r in map(_fields, records) if r.get("type") == "sweep"]
     busbw: dict[str, list[float]] = {}
     for r in rows:  # a file's record may lack a field (summary reads files written by hand too)
         name = "limit" if _labelled_limit(r, rows) else r["algorithm"]

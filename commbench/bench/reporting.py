@@ -24,6 +24,7 @@ from commbench.bench.records import (
     complete_lines,
     exposed_comm_ms,
     first_line,
+    input_path,
     loads,
     output_path,
     shown,
@@ -248,17 +249,23 @@ NUMBER, WHOLE, TEXT, LIST, NUMBERS = "a number", "a whole number", "text", "a li
 # A time, a rate or a bandwidth commbench measured; a count of ranks or bytes. Plotted on log axes
 # or as bars, a size of 0 or less, or an infinite time, made a report of warnings from matplotlib
 # (a loss may be infinite or NaN: a run that diverged writes it so).
-AMOUNT, COUNT = "a finite number >= 0", "a whole number >= 1"
+AMOUNT, COUNT, TALLY = "a finite number >= 0", "a whole number >= 1", "a whole number >= 0"
 
 
 def _is(v: Any, what: str) -> bool:
-    """Whether ``v`` is ``what`` (NUMBER, WHOLE, AMOUNT, COUNT, TEXT, LIST, NUMBERS); a bool is no number."""
+    """Whether ``v`` is ``what`` (NUMBER, WHOLE, AMOUNT, COUNT, TALLY, TEXT, LIST, NUMBERS); a bool is
+    no number."""
     if what == AMOUNT:  # NaN compares false; an integer past a float's range is refused too
         return _is(v, NUMBER) and 0 <= v <= sys.float_info.max
-    if what == COUNT:
-        return _is(v, WHOLE) and 1 <= v <= sys.float_info.max  # plotted, so within a float's range
+    if what in (COUNT, TALLY):  # plotted or averaged, so within a float's range
+        return _is(v, WHOLE) and (1 if what == COUNT else 0) <= v <= sys.float_info.max
     if what in (NUMBER, WHOLE):
-        return isinstance(v, int if what == WHOLE else int | float) and not isinstance(v, bool)
+        # an integer past a float's range failed where it was formatted or divided (OverflowError)
+        return (
+            isinstance(v, int if what == WHOLE else int | float)
+            and not isinstance(v, bool)
+            and (isinstance(v, float) or abs(v) <= sys.float_info.max)
+        )
     if what == NUMBERS:
         return isinstance(v, list) and all(_is(x, NUMBER) for x in v)
     return isinstance(v, str if what == TEXT else list)
@@ -282,7 +289,7 @@ _HOST = {
 # What each field the report and summary compute with, format or group by must be where it is not
 # null (null: not measured); a record's own fields (REQUIRED) may not be null.
 VALUES: dict[str, dict[str, str]] = {
-    "header": {"command": TEXT},
+    "header": {"command": TEXT, "memory_bytes": AMOUNT},
     "sweep": {
         "collective": TEXT,
         "algorithm": TEXT,
@@ -293,13 +300,13 @@ VALUES: dict[str, dict[str, str]] = {
         "device": TEXT,
         "dtype": TEXT,
         "op": TEXT,
-        "block": WHOLE,
-        "root": WHOLE,
+        "block": COUNT,
+        "root": TALLY,
         "time_us": AMOUNT,
         "algbw_gbps": AMOUNT,
         "busbw_ratio_to_builtin": NUMBER,
         "frac_of_limit": NUMBER,
-        "wrong": WHOLE,
+        "wrong": TALLY,
         **_WIRE,
     },
     "epoch": {
@@ -364,6 +371,8 @@ def check_record(path: str | Path, line: int, r: dict[str, Any]) -> None:
     def refuse(where: str, field: str, value: Any, what: str) -> None:
         shown = json.dumps(value)
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        if isinstance(value, int) and abs(value) > sys.float_info.max:
+            what = f"{what} within a float's range"
         raise ValueError(
             f"{path} line {line}: {where} {field!r} is {shown}, not {what}: not written by commbench"
         )
@@ -1081,7 +1090,10 @@ def add_parser(sub: Any) -> None:
         "to other runs.",
     )
     p.add_argument(
-        "files", nargs="+", help="JSON Lines written by commbench sweep, train, compare or bandwidth --json"
+        "files",
+        nargs="+",
+        type=input_path,
+        help="JSON Lines written by commbench sweep, train, compare or bandwidth --json",
     )
     p.add_argument(
         "-o",
@@ -1090,7 +1102,9 @@ def add_parser(sub: Any) -> None:
         default="report",
         help="directory to write into (default ./report)",
     )
-    p.add_argument("--baseline", nargs="+", default=[], help="JSON Lines of the run to compare against")
+    p.add_argument(
+        "--baseline", nargs="+", type=input_path, default=[], help="JSON Lines of the run to compare against"
+    )
     p.add_argument(
         "--title", default="commbench report", help="the report's title (default: commbench report)"
     )
