@@ -601,6 +601,28 @@ def test_one_sweeps_points_at_other_sizes_and_forms_pass(tmp_path, capsys):
     )
 
 
+def _cells(line: str) -> int:
+    return len(re.findall(r"(?<!\\)\|", line))
+
+
+def test_names_and_commands_written_by_hand_keep_the_tables_whole(tmp_path, capsys):
+    """A '|' or a line break in an algorithm's name split summary's and report's tables, and a
+    backtick or line break in the command broke its code span."""
+    path = tmp_path / "r.jsonl"
+    odd = {"algorithm": "ri|ng\nfast"}
+    path.write_text(_points(odd).replace('"commbench sweep"', json.dumps("commbench sweep -a `x`\n-q")))
+    assert main(["summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\n``commbench sweep -a `x` -q``\n" in out
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    assert "ri\\|ng fast / builtin" in table[0] and len({_cells(line) for line in table}) == 1, table
+    assert not any(line.startswith("fast") for line in out.splitlines())
+    assert main(["report", str(path), "-o", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "| ri\\|ng fast |" in md and not any(line.startswith("fast") for line in md.splitlines())
+    assert all(len({_cells(x) for x in t.splitlines()}) == 1 for t in re.findall(r"(?m)(?:^\|.*\n)+", md))
+
+
 def test_a_file_named_by_an_empty_word_is_refused_as_such(capsys):
     """It was read as the current directory: "cannot read : Is a directory"."""
     for argv in (["summary", ""], ["report", " "], ["report", "r.jsonl", "--baseline", ""]):

@@ -569,7 +569,14 @@ def _check_distinct(files: list[str]) -> None:
 
 
 def cmd_summary(files: list[str], across: bool = False) -> int:
-    from commbench.bench.report import closing_lines, ratio_table, spread_table
+    from commbench.bench.report import (
+        closing_lines,
+        md_code_block,
+        md_code_span,
+        md_text,
+        ratio_table,
+        spread_table,
+    )
 
     loaded = [(path, *_sweep_file(path)) for path in files]
     if across:
@@ -578,18 +585,20 @@ def cmd_summary(files: list[str], across: bool = False) -> int:
         if len(whats) > 1:
             kinds = "; ".join(_describe(w) for w in sorted(whats, key=str))
             raise ValueError(f"--across needs runs of one sweep; these files hold several: {kinds}")
-        print(f"### {len(files)} runs: {_describe(whats.pop())}\n")
+        print(f"### {len(files)} runs: {md_text(_describe(whats.pop()))}\n")
         commands = dict.fromkeys(header.get("command", "?") for _, header, _ in loaded)
-        print("```\n" + "\n".join(commands) + "\n```\n")
+        print(md_code_block("\n".join(md_text(c) for c in commands)) + "\n")
         print(spread_table([records for _, _, records in loaded]))
         print()
         return 0
     for path, header, records in loaded:
-        print(f"### {path}: {_describe(_what(records))}")
-        print(f"\n`{header.get('command', '?')}`\n")
+        print(f"### {md_text(path)}: {md_text(_describe(_what(records)))}")
+        print(f"\n{md_code_span(str(header.get('command', '?')))}\n")
         print(ratio_table(records))
         print()
-        print("\n".join(f"- {line}" for line in closing_lines(records)))  # as the sweep's table ended
+        print(
+            "\n".join(f"- {md_text(line)}" for line in closing_lines(records))
+        )  # as the sweep's table ended
         print()
     return 0
 

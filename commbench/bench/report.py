@@ -162,6 +162,34 @@ def plot_busbw(records: Sequence[dict[str, Any]], path: str, title: str = "") ->
         fig.savefig(path, dpi=110)
 
 
+def md_text(text: Any) -> str:
+    """``text`` for a Markdown table cell or heading: line breaks as spaces (one split the table or
+    heading) and '|' escaped (one ended the cell). Records written by hand may hold either."""
+    return " ".join(str(text).splitlines()).replace("|", "\\|")
+
+
+def _longest_backticks(text: str) -> int:
+    run = longest = 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    return longest
+
+
+def md_code_span(text: str) -> str:
+    """``text`` as one Markdown code span, on one line, whatever backticks it holds."""
+    text = " ".join(text.splitlines())
+    ticks = "`" * (_longest_backticks(text) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def md_code_block(text: str) -> str:
+    """``text`` as a fenced Markdown block, the fence longer than any run of backticks in it."""
+    fence = "`" * max(3, _longest_backticks(text) + 1)
+    return f"{fence}\n{text}\n{fence}"
+
+
 def ratio_table(records: Sequence[dict[str, Any]]) -> str:
     """Markdown table per size: each algorithm's busbw ratio to builtin, and to the limit."""
     sweep = [r for r in records if r.get("type") == "sweep"]
@@ -169,7 +197,8 @@ def ratio_table(records: Sequence[dict[str, Any]]) -> str:
     if not rows and sweep:  # a sweep of send/recv alone: its bandwidth is all there is to show
         lines = ["| size (B) | series | busbw (GB/s) |", "|---|---|---|"]
         lines += [
-            f"| {r['size_bytes']} | {r['algorithm']} | {_cell(r.get('busbw_gbps'), '.3f')} |" for r in sweep
+            f"| {r['size_bytes']} | {md_text(r['algorithm'])} | {_cell(r.get('busbw_gbps'), '.3f')} |"
+            for r in sweep
         ]
         return "\n".join(lines)
     if not rows:
@@ -179,7 +208,9 @@ def ratio_table(records: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         by_size.setdefault(r["size_bytes"], {})[r["algorithm"]] = r
     head = ["size (B)", "builtin busbw (GB/s)"]
-    head += [f"{a} / builtin" for a in algos if a != "builtin"] + [f"{a} / limit" for a in algos]
+    head += [f"{md_text(a)} / builtin" for a in algos if a != "builtin"] + [
+        f"{md_text(a)} / limit" for a in algos
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for size in sorted(by_size):
         row = by_size[size]
@@ -216,7 +247,7 @@ def spread_table(runs: Sequence[Sequence[dict[str, Any]]]) -> str:
         return "(no ratios to builtin: no other algorithm was swept)"
     if not ratios:
         return "(no ratios to builtin: sweep with builtin among the algorithms)"
-    head = ["size (B)"] + [f"{a} / builtin: mean [low, high] (< 0.9, < 1.0 of runs)" for a in algos]
+    head = ["size (B)"] + [f"{md_text(a)} / builtin: mean [low, high] (< 0.9, < 1.0 of runs)" for a in algos]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for size in sorted(ratios):
         cells = [str(size)]

@@ -29,6 +29,7 @@ from commbench.bench.records import (
     output_path,
     shown,
 )
+from commbench.bench.report import md_code_block, md_text
 from commbench.bench.signals import Interrupted
 from commbench.units import rank_count
 
@@ -92,13 +93,13 @@ def render_markdown(blocks: Sequence[Block]) -> str:
     out: list[str] = []
     for b in blocks:
         if isinstance(b, Heading):
-            out.append("#" * b.level + " " + b.text)
+            out.append("#" * b.level + " " + md_text(b.text))
         elif isinstance(b, Para):
             out.append(b.text)
         elif isinstance(b, Code):
-            out.append("```\n" + b.text + "\n```")
+            out.append(md_code_block(b.text))
         elif isinstance(b, Table):
-            cells = [[c.replace("|", "\\|") for c in r] for r in (b.header, *b.rows)]
+            cells = [[md_text(c) for c in r] for r in (b.header, *b.rows)]
             lines = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(b.header)]
             lines += ["| " + " | ".join(r) + " |" for r in cells[1:]]
             out.append("\n".join(lines))
