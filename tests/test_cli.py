@@ -585,6 +585,21 @@ def test_summary_refuses_a_file_that_is_not_one_sweep(tmp_path, capsys, changes,
     assert out == "" and err.startswith(f"commbench: error: {path} {said}") and err.count("\n") == 1, err
 
 
+def test_report_refuses_a_point_given_twice_and_takes_other_collectives(tmp_path, capsys):
+    """Its table showed both points of one size as two rows. A file of several collectives (a
+    cluster's, a study's) is fine for report, which heads each with its own."""
+    path, out = tmp_path / "r.jsonl", str(tmp_path / "rep")
+    path.write_text(_points({"busbw_gbps": 5.0}))
+    assert main(["report", str(path), "-o", out]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"commbench: error: {path} line 5: all_reduce ring at 1024 B is there already (line 3); "
+        "commbench writes each point once: give each run a file\n"
+    )
+    path.write_text(_points({"collective": "broadcast"}, {"world_size": 4}))
+    assert main(["report", str(path), "-o", out]) == 0, capsys.readouterr().err
+
+
 def test_one_sweeps_points_at_other_sizes_and_forms_pass(tmp_path, capsys):
     """The same point at another size, the limit at another size, or a record of no type."""
     path = tmp_path / "r.jsonl"

@@ -769,7 +769,7 @@ def test_the_cluster_record_is_appended_after_a_line_cut_short(tmp_path, monkeyp
     out = tmp_path / "r.jsonl"
     point = {"type": "sweep", "collective": "all_reduce", "algorithm": "ring", "world_size": 2}
     point |= {"size_bytes": 1024, "busbw_gbps": 0.5}
-    last = json.dumps(point)
+    last = json.dumps(point | {"size_bytes": 2048})  # the next point
 
     def run_hosts(config, argv, work):
         head = json.dumps({"type": "header"}) + "\n" + json.dumps(point) + "\n"

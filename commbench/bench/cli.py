@@ -493,22 +493,15 @@ def _check_one_sweep(path: str, numbered: list[tuple[int, dict]]) -> None:
     twice (the table showed the last, the mean counted both), or points of another collective, world
     size or setting (the table showed them under the first one's heading). commbench writes one sweep
     a file; such files were edited or joined by hand."""
-    from commbench.bench.collectives import in_place_form
+    from commbench.bench.reporting import check_points_once
 
     def shared(what: tuple) -> tuple:  # what the limit (send/recv) series shares with its sweep
         return tuple(what[i] for i in (1, 2, 3, 4, 6))  # ranks, backend, dtype, block, device
 
+    check_points_once(path, numbered)
     alone = all(r["collective"] == "sendrecv" for _, r in numbered)
     first: dict[bool, tuple[int, tuple]] = {}  # limit or not: its first point's line and setting
-    seen: dict[tuple, int] = {}
     for line, r in numbered:
-        point = (r["collective"], r["algorithm"], r["size_bytes"], in_place_form(r))
-        if point in seen:
-            raise ValueError(
-                f"{path} line {line}: {r['collective']} {r['algorithm']} at {r['size_bytes']} B is there "
-                f"already (line {seen[point]}); commbench writes each point once: give each run a file"
-            )
-        seen[point] = line
         limit = r["collective"] == "sendrecv" and not alone
         what = _what([r])
         at, expected = first.setdefault(limit, (line, what))

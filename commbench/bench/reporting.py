@@ -230,6 +230,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
                 raise ValueError(f"{p} has a {kind} record without {missing!r}: not written by commbench")
     for n, r in numbered:
         check_record(p, n, r)
+    check_points_once(p, numbered)
     headers = by.get("header", [])
     if note:
         print(note, file=sys.stderr)
@@ -399,6 +400,27 @@ def check_record(path: str | Path, line: int, r: dict[str, Any]) -> None:
         gpus = summary.get("gpus")
         if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, dict) for g in gpus)):
             raise ValueError(f"{path} has a probe record whose summary's gpus are not a list of objects")
+
+
+def check_points_once(path: str | Path, numbered: Sequence[tuple[int, dict[str, Any]]]) -> None:
+    """ValueError where a file's sweep records (with their lines) hold one point twice: one run
+    writes each point once, and a table showed one of the two (summary's mean counted both)."""
+    from commbench.bench.collectives import in_place_form
+
+    seen: dict[tuple, int] = {}
+    for line, r in numbered:
+        if r.get("type") != "sweep":
+            continue
+        setting = tuple(
+            str(r.get(k)) for k in ("world_size", "backend", "device", "dtype", "op", "block", "root")
+        )
+        point = (r["collective"], r["algorithm"], r["size_bytes"], in_place_form(r), setting)
+        if point in seen:
+            raise ValueError(
+                f"{path} line {line}: {r['collective']} {r['algorithm']} at {r['size_bytes']} B is there "
+                f"already (line {seen[point]}); commbench writes each point once: give each run a file"
+            )
+        seen[point] = line
 
 
 def _mean_max(st: Any, scale: float) -> list[str]:
