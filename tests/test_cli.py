@@ -384,6 +384,7 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
                 ("frac_of_limit", -(10**400), "not a number within a float's range"),
                 ("wrong", -5, "'wrong' is -5, not a whole number >= 0"),  # was "-5 FAILED"
                 ("block", 0, "'block' is 0, not a whole number >= 1"),
+                ("root", -1, "'root' is -1, not a whole number >= 0"),
             )
         ),
         # the machine table's memory, past a float's range (report's traceback too)
@@ -574,7 +575,9 @@ def _points(*changes: dict) -> str:
         (
             {"collective": "sendrecv", "algorithm": "p2p", "world_size": 3, "size_bytes": 2048},
             "line 5: a point of sendrecv, 3 ranks",
-        ),  # fmt: skip
+        ),
+        # a name with a line break, told in one line
+        ({"dtype": "f\nx"}, "line 5: a point of all_reduce, 2 ranks, gloo, f x, sum, where"),
     ],
 )
 def test_summary_refuses_a_file_that_is_not_one_sweep(tmp_path, capsys, changes, said):
@@ -598,6 +601,27 @@ def test_report_refuses_a_point_given_twice_and_takes_other_collectives(tmp_path
     )
     path.write_text(_points({"collective": "broadcast"}, {"world_size": 4}))
     assert main(["report", str(path), "-o", out]) == 0, capsys.readouterr().err
+
+
+def test_summary_refuses_a_limit_of_other_ranks_than_its_sweep(tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    lines = _points().splitlines()
+    limit = json.loads(lines[3]) | {"world_size": 3}
+    path.write_text("\n".join([*lines[:3], json.dumps(limit)]) + "\n")
+    assert main(["summary", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"commbench: error: {path} line 4: a send/recv limit of sendrecv, 3 ranks, gloo, float32, where the "
+        "sweep is all_reduce, 2 ranks, gloo, float32, sum; commbench writes one sweep a file\n"
+    )
+
+
+def test_a_point_given_twice_under_a_name_with_a_line_break_is_told_in_one_line(tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    path.write_text(_points({"algorithm": "ri\nng"}, {"algorithm": "ri\nng"}))
+    for argv in (["summary", str(path)], ["report", str(path), "-o", str(tmp_path / "rep")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "line 6: all_reduce ri ng at 1024 B is there already (line 5)" in err
 
 
 def test_one_sweeps_points_at_other_sizes_and_forms_pass(tmp_path, capsys):
@@ -625,22 +649,29 @@ def test_names_and_commands_written_by_hand_keep_the_tables_whole(tmp_path, caps
     backtick or line break in the command broke its code span."""
     path = tmp_path / "r.jsonl"
     odd = {"algorithm": "ri|ng\nfast"}
-    path.write_text(_points(odd).replace('"commbench sweep"', json.dumps("commbench sweep -a `x`\n-q")))
+    command = "`commbench` sweep -a ```x```\n--json 'p|q.jsonl'"
+    path.write_text(_points(odd).replace('"commbench sweep"', json.dumps(command)))
     assert main(["summary", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "\n``commbench sweep -a `x` -q``\n" in out
+    assert "\n```` `commbench` sweep -a ```x``` --json 'p|q.jsonl' ````\n" in out  # longer than ```, padded
+    copy = tmp_path / "copy.jsonl"
+    shutil.copyfile(path, copy)
+    assert main(["summary", "--across", str(path), str(copy)]) == 0
+    across = capsys.readouterr().out  # a fence longer than the command's ```, and its '|' as written
+    assert "\n````\n`commbench` sweep -a ```x``` --json 'p|q.jsonl'\n````\n" in across, across
     table = [line for line in out.splitlines() if line.startswith("|")]
     assert "ri\\|ng fast / builtin" in table[0] and len({_cells(line) for line in table}) == 1, table
     assert not any(line.startswith("fast") for line in out.splitlines())
     assert main(["report", str(path), "-o", str(tmp_path / "rep")]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "| ri\\|ng fast |" in md and not any(line.startswith("fast") for line in md.splitlines())
+    assert "\n````\n`commbench` sweep -a ```x```\n--json 'p|q.jsonl'\n````\n" in md  # the run's command
     assert all(len({_cells(x) for x in t.splitlines()}) == 1 for t in re.findall(r"(?m)(?:^\|.*\n)+", md))
 
 
 def test_a_file_named_by_an_empty_word_is_refused_as_such(capsys):
     """It was read as the current directory: "cannot read : Is a directory"."""
-    for argv in (["summary", ""], ["report", " "], ["report", "r.jsonl", "--baseline", ""]):
+    for argv in (["summary", ""], ["report", ""], ["report", "r.jsonl", "--baseline", ""]):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.endswith("needs a file name, got an empty one\n") and err.count("\n") == 1, err

@@ -266,6 +266,8 @@ def test_bad_input_to_the_profiled_command_leaves_no_parents_either(tmp_path, mo
         (["sweep", "--help"], "usage: commbench sweep"),
         (["train", "-b", "1", "-h"], "usage: commbench train"),
         (["--help"], "usage: commbench [-h]"),
+        (["sweep", "-qh"], "usage: commbench sweep"),  # as the command reads them: -h among short flags,
+        (["sweep", "--hel"], "usage: commbench sweep"),  # --help abbreviated
     ],
 )
 def test_help_for_the_profiled_command_is_its_help_and_exit_0(tmp_path, monkeypatch, capsys, inner, said):
@@ -280,10 +282,11 @@ def test_help_for_the_profiled_command_is_its_help_and_exit_0(tmp_path, monkeypa
     assert not out.exists()
 
 
-def test_only_the_profiled_commands_own_words_ask_for_help():
-    assert profile.asks_for_help(("compare", "-h"))
-    assert not profile.asks_for_help(("cluster", "--hosts", "2", "--", "sweep", "--help"))
-    assert not profile.asks_for_help(("sweep", "--json", "help.jsonl"))
+def test_words_the_profiled_command_cannot_take_are_refused_before_sampling(monkeypatch, capsys):
+    monkeypatch.setattr(profile, "run_profile", lambda config: pytest.fail(f"sampled {config.inner}"))
+    assert main(["profile", "--", "sweep", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments: --bogus" in err
 
 
 @pytest.mark.parametrize("command", ["bandwidth", "summary", "study"])

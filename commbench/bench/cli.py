@@ -544,8 +544,10 @@ def _describe(what: tuple) -> str:
     where = "" if device == "cpu" else f" on {device}"
     how = (f", {op}" if op else "") + (f", root {root}" if root else "")
     from commbench.bench.collectives import form_name
+    from commbench.bench.report import one_line
 
-    return f"{form_name(collective, in_place)}, {rank_count(world)}, {backend}{where}, {dtype}{how}{timed}"
+    said = f"{form_name(collective, in_place)}, {rank_count(world)}, {backend}{where}, {dtype}{how}{timed}"
+    return one_line(said)  # names from a file written by hand may hold line breaks
 
 
 def _check_distinct(files: list[str]) -> None:
@@ -567,6 +569,7 @@ def cmd_summary(files: list[str], across: bool = False) -> int:
         md_code_block,
         md_code_span,
         md_text,
+        one_line,
         ratio_table,
         spread_table,
     )
@@ -580,7 +583,7 @@ def cmd_summary(files: list[str], across: bool = False) -> int:
             raise ValueError(f"--across needs runs of one sweep; these files hold several: {kinds}")
         print(f"### {len(files)} runs: {md_text(_describe(whats.pop()))}\n")
         commands = dict.fromkeys(header.get("command", "?") for _, header, _ in loaded)
-        print(md_code_block("\n".join(md_text(c) for c in commands)) + "\n")
+        print(md_code_block("\n".join(one_line(c) for c in commands)) + "\n")
         print(spread_table([records for _, _, records in loaded]))
         print()
         return 0

@@ -662,13 +662,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("inner", nargs=argparse.REMAINDER, help="-- then any commbench command")
 
 
-def asks_for_help(inner: Sequence[str]) -> bool:
-    """Whether the inner command line asks for help: -h or --help before any '--' of its own (the words
-    after that belong to the command the inner one runs, such as cluster's)."""
-    words = inner[: inner.index("--")] if "--" in inner else inner
-    return any(w in ("-h", "--help") for w in words)
-
-
 def run(args: argparse.Namespace) -> int:
     """``commbench profile``; returns the inner command's exit code."""
     inner = list(args.inner)
@@ -677,10 +670,11 @@ def run(args: argparse.Namespace) -> int:
     config = ProfileConfig(
         inner=tuple(inner), out_dir=args.output, rate_hz=args.rate, format=args.format, native=args.native
     )
-    if asks_for_help(config.inner):  # the command's help, and exit 0, as without profile; nothing sampled
-        from commbench.bench.cli import build_parser
+    # Read as the command would read it: asked for its help (-h, -qh, --hel), it prints it and exits 0,
+    # as without profile, sampling nothing; words it cannot take are refused before py-spy starts.
+    from commbench.bench.cli import build_parser
 
-        build_parser().parse_args(list(config.inner))
+    build_parser().parse_args(list(config.inner))
     code, profiles, stopped = run_profile(config)
     if stopped is not None:  # one line says so: the inner command's, or the CLI's if it had none to say
         if code != 128 + signal.SIGTERM:

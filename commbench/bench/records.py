@@ -155,7 +155,7 @@ def output_path(text: str) -> str:
 def input_path(text: str) -> str:
     """Argument type of every file to read: an empty name is refused (it was read as the current
     directory, "cannot read : Is a directory")."""
-    if not text.strip():
+    if not text:
         raise argparse.ArgumentTypeError("needs a file name, got an empty one")
     return text
 

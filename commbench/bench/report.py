@@ -162,10 +162,16 @@ def plot_busbw(records: Sequence[dict[str, Any]], path: str, title: str = "") ->
         fig.savefig(path, dpi=110)
 
 
+def one_line(text: Any) -> str:
+    """``text`` with its line breaks as spaces, for a message or a cell: names from a file written
+    by hand may hold them."""
+    return " ".join(str(text).splitlines())
+
+
 def md_text(text: Any) -> str:
     """``text`` for a Markdown table cell or heading: line breaks as spaces (one split the table or
     heading) and '|' escaped (one ended the cell). Records written by hand may hold either."""
-    return " ".join(str(text).splitlines()).replace("|", "\\|")
+    return one_line(text).replace("|", "\\|")
 
 
 def _longest_backticks(text: str) -> int:
@@ -178,7 +184,7 @@ def _longest_backticks(text: str) -> int:
 
 def md_code_span(text: str) -> str:
     """``text`` as one Markdown code span, on one line, whatever backticks it holds."""
-    text = " ".join(text.splitlines())
+    text = one_line(text)
     ticks = "`" * (_longest_backticks(text) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{ticks}{pad}{text}{pad}{ticks}"

@@ -29,7 +29,7 @@ from commbench.bench.records import (
     output_path,
     shown,
 )
-from commbench.bench.report import md_code_block, md_text
+from commbench.bench.report import md_code_block, md_text, one_line
 from commbench.bench.signals import Interrupted
 from commbench.units import rank_count
 
@@ -417,8 +417,9 @@ def check_points_once(path: str | Path, numbered: Sequence[tuple[int, dict[str, 
         point = (r["collective"], r["algorithm"], r["size_bytes"], in_place_form(r), setting)
         if point in seen:
             raise ValueError(
-                f"{path} line {line}: {r['collective']} {r['algorithm']} at {r['size_bytes']} B is there "
-                f"already (line {seen[point]}); commbench writes each point once: give each run a file"
+                f"{path} line {line}: {one_line(r['collective'])} {one_line(r['algorithm'])} at "
+                f"{r['size_bytes']} B is there already (line {seen[point]}); commbench writes each point "
+                "once: give each run a file"
             )
         seen[point] = line
 
