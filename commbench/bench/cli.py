@@ -592,9 +592,8 @@ def cmd_summary(files: list[str], across: bool = False) -> int:
         print(f"\n{md_code_span(str(header.get('command', '?')))}\n")
         print(ratio_table(records))
         print()
-        print(
-            "\n".join(f"- {md_text(line)}" for line in closing_lines(records))
-        )  # as the sweep's table ended
+        closing = closing_lines(records)  # as the sweep's table ended
+        print("\n".join(f"- {md_text(line)}" for line in closing))
         print()
     return 0
 
