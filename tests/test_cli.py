@@ -98,6 +98,10 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
             "--transport ring is the bucketed strategy's",
         ),
         (["compare", "--strategies", "ring,ddp", "--transport", "ring"], "not among ring,ddp"),
+        # a name with a line break is told with the break escaped, in one line
+        (["summary", "/nonexistent/a\nb.jsonl"], "cannot read /nonexistent/a\\nb.jsonl"),
+        (["sweep", "--json", "/nonexistent/a\nb.jsonl"], "cannot write /nonexistent/a\\nb.jsonl"),
+        (["sweep", "--no-such\noption"], "unrecognized arguments: --no-such\\noption"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):

@@ -359,6 +359,18 @@ def test_a_plot_the_directory_refuses_fails_the_report_in_one_line(tmp_path, mon
     assert err == "commbench: error: [Errno 13] Permission denied: 'out/s-throughput.png'\n"
 
 
+@pytest.mark.parametrize("name", ["report.md", "report.html"])
+def test_a_directory_where_the_report_goes_is_refused_before_any_plot(tmp_path, capsys, name):
+    path = tmp_path / "s.jsonl"
+    path.write_text(_SWEEP)
+    out = tmp_path / "out"
+    (out / name).mkdir(parents=True)
+    assert main(["report", str(path), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"commbench: error: {out / name} is a directory, where the report would be written\n"
+    assert [p.name for p in out.iterdir()] == [name]  # no plot drawn
+
+
 def test_the_breakdowns_hidden_comm_marker_is_the_comm_that_ran_during_backward(tmp_path, monkeypatch):
     """comm less exposed comm also held the buffer broadcast before forward, which is neither hidden
     nor exposed: naive and ring, which hide nothing, were drawn hiding the broadcast's time."""

@@ -758,7 +758,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         refused = _start_rank_server(argv)
         if refused is not None:
-            print(f"commbench: error: {refused}", file=sys.stderr)
+            print(f"commbench: error: {_one_line(refused)}", file=sys.stderr)
             return 2
         launch = _import_launch()
         _stops_raise_outside_launches(launch)
@@ -794,7 +794,7 @@ def _main(argv: list[str] | None) -> int:
             try:
                 return cluster.run(args)
             except netns.ClusterError as exc:
-                print(f"commbench: cluster: {exc}", file=sys.stderr)
+                print(f"commbench: cluster: {_one_line(exc)}", file=sys.stderr)
                 return cluster.NOT_BUILT
         if args.command == "bandwidth":
             from commbench.bench import bandwidth
@@ -846,16 +846,16 @@ def _main(argv: list[str] | None) -> int:
                 print("\nrecords: results/demo.jsonl   plot: results/demo.png")
             return code
     except UsageError as exc:
-        print(exc, file=sys.stderr)
+        print(_one_line(exc), file=sys.stderr)
         return 2
     except (ValueError, TypeError) as exc:
-        print(f"commbench: error: {exc}", file=sys.stderr)
+        print(f"commbench: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except NotStarted as exc:
-        print(f"commbench: {exc}", file=sys.stderr)
+        print(f"commbench: {_one_line(exc)}", file=sys.stderr)
         return 1
     except RankFailed as exc:
-        print(f"commbench: {exc}", file=sys.stderr)
+        print(f"commbench: {_one_line(exc)}", file=sys.stderr)
         bad_input = exc.bad_input or exc.detail.startswith(("ValueError", "TypeError"))
         return 2 if bad_input else 1
     except (KeyboardInterrupt, Interrupted) as exc:
@@ -878,6 +878,11 @@ def _main(argv: list[str] | None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     except OSError as exc:  # the file system refused what no check foresaw (a directory without access)
-        print(f"commbench: error: {exc}", file=sys.stderr)
+        print(f"commbench: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _one_line(message: object) -> str:
+    """An error ``message`` on one line: a file name given with a line break in it split it in two."""
+    return str(message).replace("\r", "\\r").replace("\n", "\\n")

@@ -1084,6 +1084,9 @@ def build(config: ReportConfig) -> tuple[Path, Path]:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"cannot create {out}: {exc.strerror}") from None
+    for name in ("report.md", "report.html"):  # before the plots: a refused report draws nothing
+        if (out / name).is_dir():
+            raise ValueError(f"{out / name} is a directory, where the report would be written")
     return write_report(report_blocks(runs, out, baselines, config.title), out, config.title)
 
 
