@@ -124,3 +124,19 @@ def test_check_rate():
     with pytest.raises(ValueError, match="seconds"):
         check_rate(1, 0.0, 10.0)
     assert issubclass(ImpossibleReading, RuntimeError) and not issubclass(ImpossibleReading, ValueError)
+
+
+def test_only_a_judged_flag_is_told_as_bytes_off_under_a_training_table():
+    """compare and train printed '# wire bytes off: ... not judged: messages under 1 MiB' for every
+    small-message epoch; a sweep printed none for such points."""
+    from commbench.bench.train import wire_flag_lines
+
+    small = "not judged: messages under 1 MiB, where per-message overhead dominates"
+    epochs = [
+        {"strategy": "naive", "epoch": 1, "wire_check": small},
+        {"strategy": "ring", "epoch": 1, "wire_check": None},
+        {"strategy": "ring", "epoch": 2, "wire_check": "measured/computed 1.2, expected 1.001"},
+    ]
+    assert (
+        wire_flag_lines(epochs) == "# wire bytes off: ring epoch 2: measured/computed 1.2, expected 1.001\n"
+    )

@@ -31,6 +31,7 @@ from commbench.bench.records import (
 )
 from commbench.bench.report import md_code_block, md_text, one_line
 from commbench.bench.signals import Interrupted
+from commbench.probes.wirecheck import says_off
 from commbench.units import rank_count
 
 MACHINE_FIELDS = (
@@ -599,7 +600,7 @@ def _check_row(label: str, r: dict[str, Any]) -> list[str]:
         fmt(r.get("measured_wire_bytes"), ",d") if r.get("measured_wire_bytes") is not None else "-",
         fmt(r.get("wire_bytes_ratio"), ".4f"),
         fmt(r.get("wire_expected_ratio"), ".4f"),
-        "ok" if flag is None else ("note: " + flag if flag.startswith("not judged") else "FLAG: " + flag),
+        "ok" if flag is None else ("FLAG: " + flag if says_off(flag) else "note: " + flag),
     ]
 
 

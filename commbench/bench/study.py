@@ -39,6 +39,7 @@ from commbench.bench import reporting as rp
 from commbench.bench import signals
 from commbench.bench.cluster import NOT_BUILT
 from commbench.bench.records import exposed_comm_ms, file_stamp, loads, output_path
+from commbench.probes.wirecheck import NOT_JUDGED, says_off
 
 SCALES = ("tiny", "default", "full")
 COMMANDS = ("sweep", "train", "compare")
@@ -1261,16 +1262,12 @@ def write_study_report(
         ratios = [
             r["wire_bytes_ratio"] for r in (*run.sweeps, *run.epochs) if r.get("wire_bytes_ratio") is not None
         ]
-        flags = [
-            r["wire_check"]
-            for r in (*run.sweeps, *run.epochs)
-            if r.get("wire_check") and not r["wire_check"].startswith("not judged")
-        ]
+        flags = [r["wire_check"] for r in (*run.sweeps, *run.epochs) if says_off(r.get("wire_check"))]
         judged = sum(
             1
             for r in (*run.sweeps, *run.epochs)
             if r.get("wire_bytes_ratio") is not None
-            and not (r.get("wire_check") or "").startswith("not judged")
+            and not (r.get("wire_check") or "").startswith(NOT_JUDGED)
         )
         checks.append(
             [

@@ -592,11 +592,9 @@ class Rank0Output:
             if len(self.pending) == len(self.config.series):
                 if self.probe is not None:
                     self.probe.mark(f"{payload.size_bytes} B")
-                flags = [
-                    f"{r.algorithm}: {r.wire_check}"
-                    for r in self.pending
-                    if r.wire_check and not r.wire_check.startswith("not judged")
-                ]
+                from commbench.probes.wirecheck import says_off
+
+                flags = [f"{r.algorithm}: {r.wire_check}" for r in self.pending if says_off(r.wire_check)]
                 if not self.config.quiet:
                     line = self.report.table_rows(self.pending)
                     line += "".join(f"\n# wire bytes off: {f}" for f in flags)

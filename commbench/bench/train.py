@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -296,8 +297,7 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
         if probe is not None:
             say(probe.describe())
         say(summary_table(rows))
-        flags = [f"{e['strategy']} epoch {e['epoch']}: {e['wire_check']}" for e in epochs if e["wire_check"]]
-        say("".join(f"# wire bytes off: {f}\n" for f in flags), end="")
+        say(wire_flag_lines(epochs), end="")
         if probe_record is not None:
             say(overhead_line(probe_record))
     if rank0 and config.plot_path:
@@ -403,3 +403,15 @@ def plot_paths(plot_path: str) -> tuple[Path, Path]:
     """The breakdown PNG and, beside it, the loss-curve PNG."""
     p = Path(plot_path)
     return p, p.with_name(f"{p.stem}-loss{p.suffix or '.png'}")
+
+
+def wire_flag_lines(epochs: Sequence[dict[str, Any]]) -> str:
+    """The lines under a training table naming each epoch whose wire bytes are off; an epoch whose
+    count was recorded but not judged (messages under 1 MiB) is not among them, as under a sweep's."""
+    from commbench.probes.wirecheck import says_off
+
+    return "".join(
+        f"# wire bytes off: {e['strategy']} epoch {e['epoch']}: {e['wire_check']}\n"
+        for e in epochs
+        if says_off(e.get("wire_check"))
+    )

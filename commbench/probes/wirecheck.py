@@ -15,6 +15,12 @@ LINK_HEADER_BYTES = 14  # Ethernet header; Linux gives loopback frames the same 
 IP_TCP_HEADER_BYTES = 20 + 20 + 12  # IPv4, TCP, TCP timestamp option (on by default in Linux)
 DEFAULT_MTU = {"loopback": 65536, "ethernet": 1500}
 MIN_CHECKED_BYTES = 1 << 20
+NOT_JUDGED = "not judged"  # how a point's wire_check begins where its count was recorded, not judged
+
+
+def says_off(flag: str | None) -> bool:
+    """Whether a point's ``wire_check`` says its bytes are off (a count left unjudged is not)."""
+    return bool(flag) and not flag.startswith(NOT_JUDGED)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
