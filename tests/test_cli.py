@@ -79,6 +79,18 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["sweep", "--json", "same.out", "--csv", "same.out"], "same file"),
         (["sweep", "--json", "r.jsonl", "--plot", "./r.jsonl"], "--json and --plot name the same file"),
         (["compare", "--json", "t.png", "--plot", "t.png"], "--json and --plot name the same file"),
+        # the plots drawn beside --plot replaced the records, quietly
+        (
+            ["sweep", "--json", "a-timeline.png", "--plot", "a.png"],
+            "--json a-timeline.png is where the plot a-timeline.png beside --plot a.png is drawn",
+        ),
+        (["sweep", "--csv", "a-timeline.png", "--plot", "a.png"], "--csv a-timeline.png is where the plot"),
+        (["train", "--json", "c-loss.png", "--plot", "c.png"], "--json c-loss.png is where the plot c-loss"),
+        (["compare", "--json", "c-timeline.png", "--plot", "c.png"], "--json c-timeline.png is where"),
+        (
+            ["cluster", "--hosts", "2", "--", "train", "--json", "c-loss.png", "--plot", "c.png"],
+            "--json c-loss.png is where",
+        ),
         (["sweep", "--json", "a" * 300 + ".jsonl"], "File name too long"),
         (["sweep", "--timeout", "1e12"], "<= 1e+07"),
         (["summary", "/nonexistent.jsonl"], "cannot read"),
@@ -1236,6 +1248,17 @@ def test_a_rank_that_writes_nothing_checks_only_what_needs_no_file_system(tmp_pa
     with pytest.raises(ValueError, match="cannot plot to missing/r.txt: the name must end in one of"):
         check_outputs(json=missing, plot="missing/r.txt", writes=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_takes_a_file_named_as_a_training_runs_loss_plot():
+    """Only training draws NAME-loss.png beside its plot: a sweep's records may take that name."""
+    from commbench.bench.records import check_outputs, plots_beside
+
+    check_outputs(json="a-loss.png", plot="a.png", beside=plots_beside("sweep", "a.png"), writes=False)
+    with pytest.raises(
+        ValueError, match="--json a-loss.png is where the plot a-loss.png beside --plot a.png"
+    ):
+        check_outputs(json="a-loss.png", plot="a.png", beside=plots_beside("train", "a.png"), writes=False)
 
 
 def test_a_link_to_a_file_in_no_directory_is_refused_before_the_run(tmp_path):

@@ -419,10 +419,16 @@ def check_sweep_memory(config: Any, spec: Any, local: int | None = None) -> None
 
 def cmd_sweep(config: Any, spec: Any, plot_path: str | None, command: str | None = None) -> int:
     from commbench.bench import launch
-    from commbench.bench.records import check_outputs
+    from commbench.bench.records import check_outputs, plots_beside
 
     check_sweep(config, spec)
-    check_outputs(json=config.json_path, csv=config.csv_path, plot=plot_path, writes=launch.writes_outputs())
+    check_outputs(
+        json=config.json_path,
+        csv=config.csv_path,
+        plot=plot_path,
+        beside=plots_beside("sweep", plot_path),
+        writes=launch.writes_outputs(),
+    )
     results = launch.run(_sweep_rank, (config, spec.device, plot_path, command), spec)
     # Each rank's points carry the wrong elements of every rank (summed): any rank's tell.
     wrong = wrong_results(next(iter(results.values()), []))

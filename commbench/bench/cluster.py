@@ -168,7 +168,7 @@ def _check_outputs(inner: argparse.Namespace) -> None:
     """The inner command's output files, checked before anything is built (they are written last).
     The records are read back for the hosts' byte counts: a pipe or a terminal (/dev/stdout, a
     shell's >(jq .)) would have been read from, waiting for ever on the writer this process holds."""
-    from commbench.bench.records import check_outputs, is_stream, names_descriptor, shown
+    from commbench.bench.records import check_outputs, is_stream, names_descriptor, plots_beside, shown
 
     outputs = {name: getattr(inner, name, None) for name in ("json", "csv", "plot")}
     for name, path in outputs.items():  # host 0's rank writes them, given the command's own words
@@ -182,7 +182,7 @@ def _check_outputs(inner: argparse.Namespace) -> None:
             f"--json {shown(json_path)} is not a file: the cluster reads its records back to count each "
             "host's bytes; give a file (a sweep without --json gets one of the cluster's own)"
         )
-    check_outputs(**outputs)
+    check_outputs(**outputs, beside=plots_beside(inner.command, outputs["plot"]))
 
 
 def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = None) -> int:

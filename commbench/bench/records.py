@@ -14,7 +14,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -266,10 +266,13 @@ def _check_plot_format(path: str | Path) -> None:
         )
 
 
-def check_outputs(*, plot: str | None = None, writes: bool = True, **files: str | None) -> None:
+def check_outputs(
+    *, plot: str | None = None, beside: Sequence[Path] = (), writes: bool = True, **files: str | None
+) -> None:
     """Refuse a run's output options (name=path, and ``plot``) before it starts: two naming one
-    file, a plot name matplotlib cannot save as, and, where ``writes``, a file that cannot be
-    written.
+    file, a file named where a plot drawn ``beside`` the main one goes (NAME-timeline.png: the plot
+    replaced the records), a plot name matplotlib cannot save as, and, where ``writes``, a file
+    that cannot be written.
 
     ``writes`` is False in the ranks that write nothing: under torchrun or SLURM only rank 0
     writes, and the others may run on nodes whose file systems lack its directories.
@@ -277,10 +280,32 @@ def check_outputs(*, plot: str | None = None, writes: bool = True, **files: str 
     check_distinct(**files, plot=plot)
     if plot:
         _check_plot_format(plot)
+        named = {Path(path).resolve(): name for name, path in files.items() if path}
+        for other in beside:
+            if (name := named.get(Path(other).resolve())) is not None:
+                raise ValueError(
+                    f"--{name} {shown(files[name] or '')} is where the plot {other.name} beside "
+                    f"--plot {shown(plot)} is drawn; name another file"
+                )
     if writes:
         for path in (*files.values(), plot):
             if path:
                 check_writable(path)
+
+
+def plots_beside(command: str, plot: str | None) -> list[Path]:
+    """The plots ``command`` draws beside its main one, ``plot``: the probe's timeline, and for a
+    training run its loss curves."""
+    if not plot:
+        return []
+    from commbench.bench.report import timeline_path
+
+    beside = [timeline_path(plot)]
+    if command in ("train", "compare"):
+        from commbench.bench.train import plot_paths
+
+        beside.append(plot_paths(plot)[1])
+    return beside
 
 
 class RecordWriter:

@@ -358,11 +358,16 @@ def check_launch(config: Any, world_size: int, device: str) -> None:
 
 def cmd_train(config: Any, spec: Any, command: str | None = None, name: str = "train") -> int:
     from commbench.bench import launch
-    from commbench.bench.records import check_outputs
+    from commbench.bench.records import check_outputs, plots_beside
     from commbench.bench.starter import launched_externally
 
     check_launch(config, spec.world_size, spec.device)
-    check_outputs(json=config.json_path, plot=config.plot_path, writes=launch.writes_outputs())
+    check_outputs(
+        json=config.json_path,
+        plot=config.plot_path,
+        beside=plots_beside("train", config.plot_path),
+        writes=launch.writes_outputs(),
+    )
     check_data(config, launch.local_ranks() if launched_externally() else spec.world_size, spec.device)
     launch.run(_train_rank, (config, spec.device, command, name), spec)
     return 0
