@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -132,6 +134,7 @@ def test_baseline_shows_ratios(recorded, tmp_path):
     assert (out / "baseline-busbw.png").exists() and (out / "baseline-step-time.png").exists()
 
 
+EXAMPLE_RUNS = Path(__file__).resolve().parents[1] / "docs" / "example-report" / "runs"
 _SWEEP = (
     '{"type": "sweep", "collective": "all_reduce", "algorithm": "ring", "world_size": 2, '
     '"size_bytes": 4096, "busbw_gbps": 1.0}\n'
@@ -360,15 +363,65 @@ def test_a_plot_the_directory_refuses_fails_the_report_in_one_line(tmp_path, mon
 
 
 @pytest.mark.parametrize("name", ["report.md", "report.html"])
-def test_a_directory_where_the_report_goes_is_refused_before_any_plot(tmp_path, capsys, name):
+@pytest.mark.parametrize("kind", ["directory", "fifo", "dangling link"])
+def test_a_file_where_the_report_goes_that_cannot_take_it_is_refused_before_any_plot(
+    tmp_path, capsys, name, kind
+):
+    """A directory ended the report with exit 1 once its plots were drawn, as did a link into a
+    missing directory (naming a scratch file); a named pipe waited for a reader for ever."""
     path = tmp_path / "s.jsonl"
     path.write_text(_SWEEP)
     out = tmp_path / "out"
-    (out / name).mkdir(parents=True)
+    out.mkdir()
+    target = out / name
+    said = {
+        "directory": f"{target} is a directory, where the report would be written",
+        "fifo": f"{target} is a named pipe, where the report would be written as a file",
+        "dangling link": f"{target} links to {out / 'nowhere' / 'x'}, in a directory that does not exist",
+    }[kind]
+    if kind == "directory":
+        target.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.symlink_to(Path("nowhere", "x"))
     assert main(["report", str(path), "-o", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err == f"commbench: error: {out / name} is a directory, where the report would be written\n"
+    assert capsys.readouterr().err == f"commbench: error: {said}\n"
     assert [p.name for p in out.iterdir()] == [name]  # no plot drawn
+
+
+@pytest.mark.parametrize("plot", ["s-busbw-*.png", "s-breakdown.png", "s-loss.png"])
+def test_a_directory_where_a_plot_goes_is_refused_in_one_line(tmp_path, capsys, plot):
+    """It ended the report with exit 1 (the training plots are drawn apart from the others)."""
+    path = tmp_path / "s.jsonl"
+    if "busbw" in plot:
+        path.write_text(_SWEEP)
+    else:
+        shutil.copyfile(EXAMPLE_RUNS / "01-strategies-x-workers.jsonl", path)
+    out = tmp_path / "out"
+    assert main(["report", str(path), "-o", str(out)]) == 0
+    drawn = next(out.glob(plot))
+    drawn.unlink()
+    drawn.mkdir()
+    capsys.readouterr()
+    assert main(["report", str(path), "-o", str(out)]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"commbench: error: {drawn} is a directory, where a plot would be written\n"
+    )
+
+
+def test_what_matplotlib_says_of_odd_values_stays_out_of_the_report_output(tmp_path, capsys):
+    """A strategy named "" drew 'No artists with labels found to put in legend' on stderr."""
+    path = tmp_path / "s.jsonl"
+    rows = [json.loads(line) for line in (EXAMPLE_RUNS / "01-strategies-x-workers.jsonl").open()]
+    path.write_text(
+        "".join(json.dumps(r | ({"strategy": ""} if "strategy" in r else {})) + "\n" for r in rows)
+    )
+    with warnings.catch_warnings(record=True) as caught:  # pytest's own capture would hide them
+        warnings.simplefilter("always")
+        assert main(["report", str(path), "-o", str(tmp_path / "out")]) == 0
+    assert [str(w.message) for w in caught] == [] and capsys.readouterr().err == ""
 
 
 def test_the_breakdowns_hidden_comm_marker_is_the_comm_that_ran_during_backward(tmp_path, monkeypatch):

@@ -125,17 +125,23 @@ def table_footer(records: Sequence[Any]) -> str:
 @contextlib.contextmanager
 def _figure(*args: Any, **kwargs: Any) -> Iterator[tuple[Any, Any]]:
     """``plt.subplots(*args, **kwargs)`` (Agg, no display), closed however the drawing ends: a plot
-    that failed halfway kept its figure open in pyplot for the rest of the process."""
+    that failed halfway kept its figure open in pyplot for the rest of the process. What matplotlib
+    warns of odd values (a legend of no labels, a range past a float's) is not said: records
+    written by hand reached stderr as two lines of its source."""
+    import warnings
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(*args, **kwargs)
-    try:
-        yield fig, ax
-    finally:
-        plt.close(fig)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig, ax = plt.subplots(*args, **kwargs)
+        try:
+            yield fig, ax
+        finally:
+            plt.close(fig)
 
 
 def plot_busbw(records: Sequence[dict[str, Any]], path: str, title: str = "") -> None:

@@ -158,6 +158,18 @@ def write_report(blocks: Sequence[Block], out_dir: str | Path, title: str) -> tu
     return md, page
 
 
+def check_target(path: Path, what: str) -> None:
+    """Raise ValueError where ``what`` cannot be written at ``path`` as a file: a directory there,
+    a named pipe (the write waited for a reader for ever), or a link into no directory."""
+    target = path.resolve()
+    if target.is_dir():
+        raise ValueError(f"{path} is a directory, where {what} would be written")
+    if target.is_fifo():
+        raise ValueError(f"{path} is a named pipe, where {what} would be written as a file")
+    if not target.parent.is_dir():
+        raise ValueError(f"{path} links to {target}, in a directory that does not exist")
+
+
 def _replace_text(path: Path, text: str) -> None:
     """Write ``path`` whole through a file beside it, so that a failed write leaves the last report
     as it was; a name that is not UTF-8 (a run's file, a command line) is written escaped. Such a
@@ -497,6 +509,7 @@ class _Plots:
 
     def add(self, name: str, draw: Callable[[Path], None], caption: str) -> list[Block]:
         file = self.name(name)
+        check_target(self.out_dir / file, "a plot")
         try:
             draw(self.out_dir / file)
         except (OSError, Interrupted):  # the report's directory refused a file, or a signal: no report
@@ -771,6 +784,8 @@ def training_section(run: Run, plots: _Plots) -> list[Block]:
             f"{run.label}-loss", lambda p: plot_loss(epochs, p), "training loss per step (finished epochs)"
         )
     bfile, lfile = plots.name(f"{run.label}-breakdown"), plots.name(f"{run.label}-loss")
+    for file in (bfile, lfile):
+        check_target(plots.out_dir / file, "a plot")
     try:
         plot_training(epochs, summaries, plots.out_dir / bfile, plots.out_dir / lfile)
         blocks.append(Image(file=bfile, caption=f"median step time by phase per strategy ({what})"))
@@ -1086,8 +1101,7 @@ def build(config: ReportConfig) -> tuple[Path, Path]:
     except OSError as exc:
         raise ValueError(f"cannot create {out}: {exc.strerror}") from None
     for name in ("report.md", "report.html"):  # before the plots: a refused report draws nothing
-        if (out / name).is_dir():
-            raise ValueError(f"{out / name} is a directory, where the report would be written")
+        check_target(out / name, "the report")
     return write_report(report_blocks(runs, out, baselines, config.title), out, config.title)
 
 
