@@ -33,6 +33,10 @@ SUMMARY_KEYS = (
     "argv,needle",
     [
         (["train", "--strategy", "bogus"], "unknown strategy 'bogus'"),
+        (
+            ["train", "--strategy", "ddp,ring"],
+            "--strategy takes one strategy, got 'ddp,ring': commbench compare",
+        ),
         (["compare", "--strategies", "ring,ring"], "listed twice"),
         (["train", "--model", "bogus"], "unknown model"),
         (["train", "--model-opt", "widths"], "widths"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -144,6 +145,10 @@ def train_config(args: argparse.Namespace) -> Any:
     from commbench.trainers.models import parse_model_options
 
     text = args.strategy if args.command == "train" else args.strategies
+    if args.command == "train" and "," in text:  # it ran them all, as compare does
+        names = ",".join(s.strip() for s in text.split(",") if s.strip())
+        several = f": commbench compare --strategies {shlex.quote(names)} trains several side by side"
+        raise ValueError(f"--strategy takes one strategy, got {text!r}" + (several if "," in names else ""))
     # given only: the config's defaults stand for the rest, and what is given must be read by a strategy
     caps = {n: v for n in ("bucket_cap_mb", "first_bucket_mb") if (v := getattr(args, n)) is not None}
     config = TrainConfig(
