@@ -50,6 +50,11 @@ SUMMARY_KEYS = (
         ),
         (["train", "--strategy", "none", "--world-size", "2"], "one process"),
         (["train", "--strategy", "dp"], "needs --device cuda"),
+        # each rank failed with exit 1, asking for 7.7 TB in the resize
+        (
+            ["train", "--model", "resnet18", "--model-opt", "image_size=100000", "--world-size", "2"],
+            "option image_size=100000: a batch of 64 resized to 100000x100000 is 7152.6 GiB a rank",
+        ),
         (["train", "--epochs", "0"], "epochs"),
         (["train", "--lr", "0"], "lr"),
         (["train", "--lr", "nan"], "lr"),
@@ -140,6 +145,20 @@ def test_the_index_memory_refusal_counts_every_rank_on_the_host() -> None:
     assert (
         refusal is not None and "for 4 ranks here" in refusal and f"about {INDEX_BYTES} B a sample" in refusal
     )
+
+
+def test_the_input_memory_refusal_counts_the_resized_batch_of_every_rank() -> None:
+    from commbench.trainers.loop import TrainConfig, input_memory_refusal
+
+    config = TrainConfig(model="alexnet", batch_size=8, model_options=(("image_size", 100),))
+    need = 8 * 3 * 100 * 100 * 4 * 2
+    assert input_memory_refusal(config, 2, need) is None
+    refusal = input_memory_refusal(config, 2, need - 1)
+    assert refusal is not None and "a batch of 8 resized to 100x100" in refusal and "for 2 ranks" in refusal
+    default = TrainConfig(model="resnet18", batch_size=1)  # 224 unless given
+    assert input_memory_refusal(default, 1, 3 * 224 * 224 * 4) is None
+    assert input_memory_refusal(default, 1, 3 * 224 * 224 * 4 - 1) is not None
+    assert input_memory_refusal(TrainConfig(model="mlp"), 4, 0) is None  # no resize: nothing to say
 
 
 def test_the_model_memory_refusal_counts_every_rank_and_what_each_holds() -> None:

@@ -381,12 +381,19 @@ def cmd_train(config: Any, spec: Any, command: str | None = None, name: str = "t
 def check_data(config: Any, ranks_here: int, device: str = "cpu") -> None:
     """What every rank would refuse on its own, said once before any starts (ValueError): a real
     dataset's missing or malformed files, a training set that ``ranks_here`` ranks on this
-    machine could not index, and a model they could not hold training on ``device`` (see
-    :func:`~commbench.trainers.loop.index_memory_refusal` and ``model_memory_refusal``)."""
+    machine could not index, a model they could not hold training on ``device``, and on the CPU a
+    batch of a backbone's resized input they could not hold (see
+    :func:`~commbench.trainers.loop.index_memory_refusal`, ``model_memory_refusal`` and
+    ``input_memory_refusal``)."""
     import psutil
 
     from commbench.trainers.data import DatasetConfig, build_dataset, split_size
-    from commbench.trainers.loop import index_memory_refusal, model_memory_refusal, parameter_bytes
+    from commbench.trainers.loop import (
+        index_memory_refusal,
+        input_memory_refusal,
+        model_memory_refusal,
+        parameter_bytes,
+    )
 
     if config.dataset != "synthetic":
         # as the ranks build them: the training set at its --samples, and the held-out set they evaluate on
@@ -405,6 +412,8 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu") -> None:
     param_bytes = parameter_bytes(config)
     if refusal is None and param_bytes is not None:
         refusal = model_memory_refusal(param_bytes, ranks_here, memory, device)
+    if refusal is None and device == "cpu":
+        refusal = input_memory_refusal(config, ranks_here, memory)
     if refusal is not None:
         raise ValueError(refusal)
 
