@@ -401,6 +401,8 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
                 ("wrong", -5, "'wrong' is -5, not a whole number >= 0"),  # was "-5 FAILED"
                 ("block", 0, "'block' is 0, not a whole number >= 1"),
                 ("root", -1, "'root' is -1, not a whole number >= 0"),
+                # shown as auto:['ring']
+                ("resolved_algorithm", ["ring"], "'resolved_algorithm' is [\"ring\"], not text"),
             )
         ),
         # the machine table's memory, past a float's range (report's traceback too)

@@ -308,6 +308,7 @@ VALUES: dict[str, dict[str, str]] = {
     "sweep": {
         "collective": TEXT,
         "algorithm": TEXT,
+        "resolved_algorithm": TEXT,
         "world_size": COUNT,
         "size_bytes": COUNT,
         "busbw_gbps": AMOUNT,
