@@ -112,6 +112,7 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["compare", "--strategies", "ring,ddp", "--transport", "ring"], "not among ring,ddp"),
         # a name with a line break is told with the break escaped, in one line
         (["summary", "/nonexistent/a\nb.jsonl"], "cannot read /nonexistent/a\\nb.jsonl"),
+        (["summary", "/nonexistent/a\vb.jsonl"], "cannot read /nonexistent/a\\x0bb.jsonl"),  # a break too
         (["sweep", "--json", "/nonexistent/a\nb.jsonl"], "cannot write /nonexistent/a\\nb.jsonl"),
         (["sweep", "--no-such\noption"], "unrecognized arguments: --no-such\\noption"),
     ],
@@ -1252,15 +1253,37 @@ def test_a_rank_that_writes_nothing_checks_only_what_needs_no_file_system(tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_sweep_takes_a_file_named_as_a_training_runs_loss_plot():
-    """Only training draws NAME-loss.png beside its plot: a sweep's records may take that name."""
+def test_an_output_that_is_a_loop_of_links_is_one_line(tmp_path, capsys):
+    """Path.resolve raised RuntimeError for it, where two outputs are compared: a traceback."""
+    loop = tmp_path / "loop.jsonl"
+    loop.symlink_to(loop.name)
+    assert main(["sweep", "--json", str(loop), "--plot", str(tmp_path / "p.png")]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"commbench: error: cannot write {loop}: Too many levels of symbolic links\n"
+    )
+
+
+def test_a_file_named_as_a_plot_that_is_not_drawn_is_taken():
+    """Only training draws NAME-loss.png beside its plot, and only a probed run NAME-timeline.png:
+    the records may take a name that no plot of the run takes."""
     from commbench.bench.records import check_outputs, plots_beside
 
-    check_outputs(json="a-loss.png", plot="a.png", beside=plots_beside("sweep", "a.png"), writes=False)
+    check_outputs(json="a-loss.png", plot="a.png", beside=plots_beside("sweep", "a.png", True), writes=False)
     with pytest.raises(
         ValueError, match="--json a-loss.png is where the plot a-loss.png beside --plot a.png"
     ):
-        check_outputs(json="a-loss.png", plot="a.png", beside=plots_beside("train", "a.png"), writes=False)
+        check_outputs(
+            json="a-loss.png", plot="a.png", beside=plots_beside("train", "a.png", False), writes=False
+        )
+    for command in ("sweep", "train"):  # no timeline where nothing is probed
+        check_outputs(
+            json="a-timeline.png", plot="a.png", beside=plots_beside(command, "a.png", False), writes=False
+        )
+        with pytest.raises(ValueError, match="--json a-timeline.png is where the plot a-timeline.png"):
+            check_outputs(
+                json="a-timeline.png", plot="a.png", beside=plots_beside(command, "a.png", True), writes=False
+            )
 
 
 def test_a_link_to_a_file_in_no_directory_is_refused_before_the_run(tmp_path):
@@ -1638,12 +1661,12 @@ def test_a_last_line_cut_short_leaves_the_records_before_it_readable(command, tm
     """A run killed, or a disk filled, in the middle of writing a record leaves half a line at the
     end: the finished points before it are still read, and a line says what was left out."""
     whole = _send_recv_lines({1024: 0.5, 2048: 0.5})
-    cut = tmp_path / "cut.jsonl"
+    cut = tmp_path / "cut\nshort.jsonl"  # a name with a line break: the note stays one line
     cut.write_text(whole + whole.splitlines()[1][:40])
     extra = ["-o", str(tmp_path / "out")] if command == "report" else []
     assert main([command, *extra, str(cut)]) == 0
     captured = capsys.readouterr()
-    assert captured.err.count("\n") == 1 and "last line is cut short" in captured.err
+    assert captured.err.count("\n") == 1 and "cut\\nshort.jsonl: the last line is cut short" in captured.err
     if command == "summary":
         assert "| 1024 | p2p | 0.500 |" in captured.out and "| 2048 | p2p | 0.500 |" in captured.out
     broken = tmp_path / "broken.jsonl"  # a bad line with finished lines after it is an error

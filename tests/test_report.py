@@ -365,10 +365,13 @@ def test_a_plot_the_directory_refuses_fails_the_report_in_one_line(tmp_path, mon
 @pytest.mark.parametrize("name", ["report.md", "report.html"])
 @pytest.mark.parametrize("kind", ["directory", "fifo", "dangling link"])
 def test_a_file_where_the_report_goes_that_cannot_take_it_is_refused_before_any_plot(
-    tmp_path, capsys, name, kind
+    tmp_path, capsys, monkeypatch, name, kind
 ):
     """A directory ended the report with exit 1 once its plots were drawn, as did a link into a
-    missing directory (naming a scratch file); a named pipe waited for a reader for ever."""
+    missing directory (naming a scratch file); a named pipe with no reader waited for ever."""
+    from commbench.bench import records
+
+    monkeypatch.setattr(records, "FIFO_READER_WAIT_S", 0.2)
     path = tmp_path / "s.jsonl"
     path.write_text(_SWEEP)
     out = tmp_path / "out"
@@ -376,7 +379,7 @@ def test_a_file_where_the_report_goes_that_cannot_take_it_is_refused_before_any_
     target = out / name
     said = {
         "directory": f"{target} is a directory, where the report would be written",
-        "fifo": f"{target} is a named pipe, where the report would be written as a file",
+        "fifo": f"cannot write {target}: a named pipe that nothing opened to read in 0.2 s",
         "dangling link": f"{target} links to {out / 'nowhere' / 'x'}, in a directory that does not exist",
     }[kind]
     if kind == "directory":
@@ -386,8 +389,53 @@ def test_a_file_where_the_report_goes_that_cannot_take_it_is_refused_before_any_
     else:
         target.symlink_to(Path("nowhere", "x"))
     assert main(["report", str(path), "-o", str(out)]) == 2
-    assert capsys.readouterr().err == f"commbench: error: {said}\n"
+    err = capsys.readouterr().err
+    assert err.startswith(f"commbench: error: {said}") and err.count("\n") == 1, err
     assert [p.name for p in out.iterdir()] == [name]  # no plot drawn
+
+
+def test_a_named_pipe_with_a_reader_takes_the_report(tmp_path, capsys):
+    """A report may go to a reader through a named pipe (it is written in place there)."""
+    from commbench.bench import records
+
+    path = tmp_path / "s.jsonl"
+    path.write_text(_SWEEP)
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / "report.md")
+    reader = os.open(out / "report.md", os.O_RDONLY | os.O_NONBLOCK)
+    held = list(records._HELD_FIFOS)
+    got = b""
+    try:
+        assert main(["report", str(path), "-o", str(out)]) == 0
+        while chunk := os.read(reader, 1 << 16):
+            got += chunk
+            if len(chunk) < 1 << 16:
+                break
+    finally:
+        for fd in set(records._HELD_FIFOS) - set(held):  # the check holds the pipe until the process ends
+            records._HELD_FIFOS.remove(fd)
+            os.close(fd)
+        os.close(reader)
+    assert got.decode().startswith("# commbench report")
+
+
+def test_a_loop_of_links_where_a_plot_goes_is_one_line(tmp_path, capsys):
+    """Path.resolve raised RuntimeError for it: a traceback."""
+    path = tmp_path / "s.jsonl"
+    path.write_text(_SWEEP)
+    out = tmp_path / "out"
+    assert main(["report", str(path), "-o", str(out)]) == 0
+    plot = next(out.glob("s-busbw-*.png"))
+    plot.unlink()
+    plot.symlink_to(plot.name)
+    capsys.readouterr()
+    assert main(["report", str(path), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("commbench: error: [Errno 40] Too many levels of symbolic links")
+        and err.count("\n") == 1
+    )
 
 
 @pytest.mark.parametrize("plot", ["s-busbw-*.png", "s-breakdown.png", "s-loss.png"])

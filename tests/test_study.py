@@ -322,6 +322,16 @@ def _counting(codes: dict[int, int]):
     return started, execute
 
 
+def test_a_directory_where_the_report_goes_is_refused_before_any_run(tmp_path):
+    """The study ran every run, then ended with exit 1 where it wrote the report."""
+    config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)
+    (tmp_path / "st" / "report.html").mkdir(parents=True)
+    started, execute = _counting({})
+    with pytest.raises(ValueError, match="report.html is a directory, where the study's report would be"):
+        study.run_study(config, execute=execute)
+    assert started == []
+
+
 @pytest.mark.parametrize("code", [130, 143, 129])  # Ctrl-C, SIGTERM, a closed terminal (SIGHUP)
 def test_an_interrupted_run_stops_the_study(tmp_path, code):
     config = study.StudyConfig(name="000_backbones", out_dir=str(tmp_path / "st"), quiet=True)

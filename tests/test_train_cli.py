@@ -147,18 +147,30 @@ def test_the_index_memory_refusal_counts_every_rank_on_the_host() -> None:
     )
 
 
+def test_train_takes_one_strategy_with_a_comma_left_over() -> None:
+    from commbench.bench.cli import build_parser
+    from commbench.bench.train import train_config
+
+    assert train_config(build_parser().parse_args(["train", "--strategy", "ring,"])).strategies == ("ring",)
+
+
 def test_the_input_memory_refusal_counts_the_resized_batch_of_every_rank() -> None:
     from commbench.trainers.loop import TrainConfig, input_memory_refusal
 
     config = TrainConfig(model="alexnet", batch_size=8, model_options=(("image_size", 100),))
     need = 8 * 3 * 100 * 100 * 4 * 2
-    assert input_memory_refusal(config, 2, need) is None
-    refusal = input_memory_refusal(config, 2, need - 1)
+    assert input_memory_refusal(config, 2, need, 2) is None
+    refusal = input_memory_refusal(config, 2, need - 1, 2)
     assert refusal is not None and "a batch of 8 resized to 100x100" in refusal and "for 2 ranks" in refusal
     default = TrainConfig(model="resnet18", batch_size=1)  # 224 unless given
-    assert input_memory_refusal(default, 1, 3 * 224 * 224 * 4) is None
-    assert input_memory_refusal(default, 1, 3 * 224 * 224 * 4 - 1) is not None
-    assert input_memory_refusal(TrainConfig(model="mlp"), 4, 0) is None  # no resize: nothing to say
+    assert input_memory_refusal(default, 1, 3 * 224 * 224 * 4, 1) is None
+    assert input_memory_refusal(default, 1, 3 * 224 * 224 * 4 - 1, 1) is not None
+    assert input_memory_refusal(TrainConfig(model="mlp"), 4, 0, 4) is None  # no resize: nothing to say
+    # --global-batch overrides --batch-size (64 by default): each of 4 ranks takes 2 of 9
+    shared = TrainConfig(model="resnet18", global_batch=9, model_options=(("image_size", 100),))
+    assert input_memory_refusal(shared, 2, 2 * 2 * 3 * 100 * 100 * 4, 4) is None
+    refusal = input_memory_refusal(shared, 2, 2 * 2 * 3 * 100 * 100 * 4 - 1, 4)
+    assert refusal is not None and "a batch of 2 resized" in refusal and "or --global-batch)" in refusal
 
 
 def test_the_model_memory_refusal_counts_every_rank_and_what_each_holds() -> None:

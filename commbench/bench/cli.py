@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.bench.records import file_stamp, input_path, output_path
+from commbench.bench.records import one_line as _one_line
 from commbench.units import amount, rank_count
 from commbench.units import size_argument as _size
 
@@ -426,7 +427,7 @@ def cmd_sweep(config: Any, spec: Any, plot_path: str | None, command: str | None
         json=config.json_path,
         csv=config.csv_path,
         plot=plot_path,
-        beside=plots_beside("sweep", plot_path),
+        beside=plots_beside("sweep", plot_path, config.probe),
         writes=launch.writes_outputs(),
     )
     results = launch.run(_sweep_rank, (config, spec.device, plot_path, command), spec)
@@ -887,8 +888,3 @@ def _main(argv: list[str] | None) -> int:
         print(f"commbench: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     return 0
-
-
-def _one_line(message: object) -> str:
-    """An error ``message`` on one line: a file name given with a line break in it split it in two."""
-    return str(message).replace("\r", "\\r").replace("\n", "\\n")

@@ -182,7 +182,7 @@ def _check_outputs(inner: argparse.Namespace) -> None:
             f"--json {shown(json_path)} is not a file: the cluster reads its records back to count each "
             "host's bytes; give a file (a sweep without --json gets one of the cluster's own)"
         )
-    check_outputs(**outputs, beside=plots_beside(inner.command, outputs["plot"]))
+    check_outputs(**outputs, beside=plots_beside(inner.command, outputs["plot"], not inner.no_probe))
 
 
 def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = None) -> int:
@@ -277,9 +277,8 @@ def check_inner(inner: argparse.Namespace, hosts: int) -> None:
 
         config = train.train_config(inner)
         train.check_launch(config, hosts, inner.device)
-        train.check_data(
-            config, ranks_here=hosts, device=inner.device
-        )  # every host's rank lives in this machine's memory
+        # every host's rank lives in this machine's memory
+        train.check_data(config, ranks_here=hosts, device=inner.device, world=hosts)
     if inner.command == "sweep":  # every host's rank lives in this machine's memory
         cli.check_sweep(cli.sweep_config(inner), spec, local=hosts)
 

@@ -231,13 +231,23 @@ def _own_fd(text: str) -> int | None:
     return None
 
 
+def resolved(path: str | Path) -> Path:
+    """``path`` made absolute, its links followed as far as they go. A loop of links stays as
+    given (made absolute), for its open to refuse in its own words: Path.resolve raised
+    RuntimeError for it, a traceback."""
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError):
+        return Path(os.path.abspath(path))
+
+
 def check_distinct(**paths: str | None) -> None:
     """Raise ValueError when two of the output options (name=path) name the same file."""
     seen: dict[Path, str] = {}
     for name, path in paths.items():
         if not path:
             continue
-        key = Path(path).resolve()
+        key = resolved(path)
         if key in seen:
             raise ValueError(f"--{seen[key]} and --{name} name the same file {shown(path)}")
         seen[key] = name
@@ -280,9 +290,9 @@ def check_outputs(
     check_distinct(**files, plot=plot)
     if plot:
         _check_plot_format(plot)
-        named = {Path(path).resolve(): name for name, path in files.items() if path}
+        named = {resolved(path): name for name, path in files.items() if path}
         for other in beside:
-            if (name := named.get(Path(other).resolve())) is not None:
+            if (name := named.get(resolved(other))) is not None:
                 raise ValueError(
                     f"--{name} {shown(files[name] or '')} is where the plot {other.name} beside "
                     f"--plot {shown(plot)} is drawn; name another file"
@@ -293,14 +303,14 @@ def check_outputs(
                 check_writable(path)
 
 
-def plots_beside(command: str, plot: str | None) -> list[Path]:
-    """The plots ``command`` draws beside its main one, ``plot``: the probe's timeline, and for a
-    training run its loss curves."""
+def plots_beside(command: str, plot: str | None, probe: bool) -> list[Path]:
+    """The plots ``command`` draws beside its main one, ``plot``: the timeline where it ``probe``s,
+    and for a training run its loss curves."""
     if not plot:
         return []
     from commbench.bench.report import timeline_path
 
-    beside = [timeline_path(plot)]
+    beside = [timeline_path(plot)] if probe else []
     if command in ("train", "compare"):
         from commbench.bench.train import plot_paths
 
@@ -422,6 +432,15 @@ def plot_or_note(draw: Callable[[], None], path: str | Path) -> bool:
     return True
 
 
+# What str.splitlines breaks a line at: a name given with one split a message in two.
+_LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def one_line(message: object) -> str:
+    """``message`` on one line, each line break in it written as its escape (``\\n``)."""
+    return "".join(c.encode("unicode_escape").decode() if c in _LINE_BREAKS else c for c in str(message))
+
+
 def complete_lines(text: str, path: str | Path) -> tuple[list[str], str | None]:
     """(the lines of a JSON Lines file's ``text``, a note or None).
 
@@ -436,7 +455,7 @@ def complete_lines(text: str, path: str | Path) -> tuple[list[str], str | None]:
             lines.pop()
             kept = sum(1 for line in lines if line.strip())
             return lines, (
-                f"commbench: {path}: the last line is cut short (a write that did not finish); "
+                f"commbench: {one_line(path)}: the last line is cut short (a write that did not finish); "
                 f"the {kept} lines before it are read"
             )
     return lines, None

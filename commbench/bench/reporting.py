@@ -21,12 +21,14 @@ from typing import Any
 
 from commbench.bench.records import (
     check_one_run,
+    check_writable,
     complete_lines,
     exposed_comm_ms,
     first_line,
     input_path,
     loads,
     output_path,
+    resolved,
     shown,
 )
 from commbench.bench.report import md_code_block, md_text, one_line
@@ -159,13 +161,15 @@ def write_report(blocks: Sequence[Block], out_dir: str | Path, title: str) -> tu
 
 
 def check_target(path: Path, what: str) -> None:
-    """Raise ValueError where ``what`` cannot be written at ``path`` as a file: a directory there,
-    a named pipe (the write waited for a reader for ever), or a link into no directory."""
-    target = path.resolve()
+    """Raise ValueError where ``what`` cannot be written at ``path``: a directory there, a link into
+    no directory, or a named pipe that nothing opens to read (the write waited for one for ever;
+    one with a reader is written in place, as the outputs of a run are)."""
+    target = resolved(path)
     if target.is_dir():
         raise ValueError(f"{path} is a directory, where {what} would be written")
     if target.is_fifo():
-        raise ValueError(f"{path} is a named pipe, where {what} would be written as a file")
+        check_writable(target)  # a while for its reader, then refused
+        return
     if not target.parent.is_dir():
         raise ValueError(f"{path} links to {target}, in a directory that does not exist")
 
@@ -176,7 +180,7 @@ def _replace_text(path: Path, text: str) -> None:
     name failed the write after it had emptied the earlier report.md. A link is followed (its
     target is replaced), the old file's mode is kept, and what is not a regular file is written
     in place."""
-    target = path.resolve()
+    target = resolved(path)
     if target.exists() and not target.is_file():
         target.write_text(text, encoding="utf-8", errors="backslashreplace")
         return

@@ -627,6 +627,8 @@ def run_study(
         (out / "runs").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"cannot create {out / 'runs'}: {exc.strerror}") from None
+    for name in ("report.md", "report.html"):  # written once every run is done: refused before any
+        rp.check_target(out / name, "the study's report")
     outcomes: list[Outcome] = []
     stopped = None
 

@@ -145,14 +145,16 @@ def train_config(args: argparse.Namespace) -> Any:
     from commbench.trainers.models import parse_model_options
 
     text = args.strategy if args.command == "train" else args.strategies
-    if args.command == "train" and "," in text:  # it ran them all, as compare does
-        names = ",".join(s.strip() for s in text.split(",") if s.strip())
-        several = f": commbench compare --strategies {shlex.quote(names)} trains several side by side"
-        raise ValueError(f"--strategy takes one strategy, got {text!r}" + (several if "," in names else ""))
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if args.command == "train" and len(names) > 1:  # it ran them all, as compare does
+        raise ValueError(
+            f"--strategy takes one strategy, got {text!r}: commbench compare --strategies "
+            f"{shlex.quote(','.join(names))} trains several side by side"
+        )
     # given only: the config's defaults stand for the rest, and what is given must be read by a strategy
     caps = {n: v for n in ("bucket_cap_mb", "first_bucket_mb") if (v := getattr(args, n)) is not None}
     config = TrainConfig(
-        strategies=tuple(s.strip() for s in text.split(",") if s.strip()),
+        strategies=tuple(names),
         model=args.model,
         model_options=tuple(parse_model_options(args.model_opt).items()),
         dataset=args.dataset,
@@ -370,15 +372,21 @@ def cmd_train(config: Any, spec: Any, command: str | None = None, name: str = "t
     check_outputs(
         json=config.json_path,
         plot=config.plot_path,
-        beside=plots_beside("train", config.plot_path),
+        beside=plots_beside("train", config.plot_path, config.probe),
         writes=launch.writes_outputs(),
     )
-    check_data(config, launch.local_ranks() if launched_externally() else spec.world_size, spec.device)
+    external = launched_externally()
+    check_data(
+        config,
+        launch.local_ranks() if external else spec.world_size,
+        spec.device,
+        world=launch.external_world_size() if external else spec.world_size,
+    )
     launch.run(_train_rank, (config, spec.device, command, name), spec)
     return 0
 
 
-def check_data(config: Any, ranks_here: int, device: str = "cpu") -> None:
+def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | None = None) -> None:
     """What every rank would refuse on its own, said once before any starts (ValueError): a real
     dataset's missing or malformed files, a training set that ``ranks_here`` ranks on this
     machine could not index, a model they could not hold training on ``device``, and on the CPU a
@@ -413,7 +421,7 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu") -> None:
     if refusal is None and param_bytes is not None:
         refusal = model_memory_refusal(param_bytes, ranks_here, memory, device)
     if refusal is None and device == "cpu":
-        refusal = input_memory_refusal(config, ranks_here, memory)
+        refusal = input_memory_refusal(config, ranks_here, memory, world or ranks_here)
     if refusal is not None:
         raise ValueError(refusal)
 

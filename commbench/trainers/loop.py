@@ -657,8 +657,8 @@ def model_memory_refusal(param_bytes: int, ranks: int, memory_bytes: int, device
     )
 
 
-def input_memory_refusal(config: TrainConfig, ranks: int, memory_bytes: int) -> str | None:
-    """Why ``ranks`` ranks on one host training on the CPU cannot hold a batch of a torchvision
+def input_memory_refusal(config: TrainConfig, ranks: int, memory_bytes: int, world: int) -> str | None:
+    """Why ``ranks`` ranks (of ``world``) on one host training on the CPU cannot hold a batch of a torchvision
     backbone's input, resized to its ``image_size``, in ``memory_bytes``, or None where they can
     (or the model has no such size). Its activations need several times more, unknown here: this
     refuses what cannot fit whatever they are (image_size=100000 failed in every rank, 7.7 TB)."""
@@ -670,7 +670,10 @@ def input_memory_refusal(config: TrainConfig, ranks: int, memory_bytes: int) -> 
     side = dict(config.model_options).get("image_size", BackboneOptions.image_size)
     if type(side) is not int or side < 1:  # refused where the model is built, in its own words
         return None
-    batch = config.batch_size or 1  # a global batch or one searched for gives every rank at least one
+    if config.global_batch:  # it overrides --batch-size: each rank's floor share
+        batch, option = per_rank_batch(config.global_batch, world), "--global-batch"
+    else:
+        batch, option = config.batch_size or 1, "--batch-size"  # 0: searched for, at least one
     per_rank = batch * 3 * side * side * 4  # three float32 channels
     need = per_rank * ranks
     if need <= memory_bytes:
@@ -678,7 +681,7 @@ def input_memory_refusal(config: TrainConfig, ranks: int, memory_bytes: int) -> 
     return (
         f"option image_size={side}: a batch of {batch} resized to {side}x{side} is {amount(per_rank)} "
         f"a rank before any activation, {amount(need)} for {rank_count(ranks)} here, where the host has "
-        f"{amount(memory_bytes)} of memory (lower image_size or --batch-size)"
+        f"{amount(memory_bytes)} of memory (lower image_size or {option})"
     )
 
 
