@@ -622,6 +622,42 @@ def test_report_refuses_a_point_given_twice_and_takes_other_collectives(tmp_path
     assert main(["report", str(path), "-o", out]) == 0, capsys.readouterr().err
 
 
+_ON_CPU = "all_reduce, 2 ranks, gloo on cpu, float32"
+
+
+@pytest.mark.parametrize(
+    ("changes", "headings"),
+    [
+        ({"op": "max", "size_bytes": 2048}, [f"{_ON_CPU}, sum", f"{_ON_CPU}, max"]),
+        ({"block": 4, "size_bytes": 2048}, [f"{_ON_CPU}, sum", f"{_ON_CPU}, sum, --block 4"]),
+        (
+            {"collective": "broadcast", "size_bytes": 2048},
+            [_ON_CPU, "broadcast, 2 ranks, gloo on cpu, float32"],
+        ),
+    ],
+)
+def test_report_gives_each_sweep_of_a_file_its_own_table(tmp_path, capsys, changes, headings):
+    """A point of another op, block or collective was a row of the first sweep's table (a
+    broadcast's 1 KiB builtin hid all_reduce's), headed "all_reduce, broadcast"."""
+    path, out = tmp_path / "r.jsonl", tmp_path / "rep"
+    path.write_text(_points(changes).replace('"backend": "gloo"', '"backend": "gloo", "device": "cpu"'))
+    assert main(["report", str(path), "-o", str(out)]) == 0, capsys.readouterr().err
+    text = (out / "report.md").read_text()
+    assert re.findall(r"^### Sweep: (.*)$", text, re.M) == headings
+    tables = text.split("### Sweep: ")[1:]
+    # the first sweep's builtin and ring, the other's point, and the limit beside each (except
+    # where the limit's block is not the other sweep's)
+    rows = [len(re.findall(r"^\| 1K |^\| 2K ", t, re.M)) for t in tables]
+    assert rows == ([3, 1] if "block" in changes else [3, 2])
+
+
+def test_a_name_too_long_for_a_file_name_still_makes_its_plot(tmp_path, capsys):
+    path, out = tmp_path / "r.jsonl", tmp_path / "rep"
+    path.write_text(_points({"collective": "A" * 5000, "size_bytes": 2048}))
+    assert main(["report", str(path), "-o", str(out)]) == 0, capsys.readouterr().err
+    assert max(len(p.name) for p in out.glob("*.png")) <= 100
+
+
 def test_summary_refuses_a_limit_of_other_ranks_than_its_sweep(tmp_path, capsys):
     path = tmp_path / "r.jsonl"
     lines = _points().splitlines()

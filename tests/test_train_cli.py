@@ -38,6 +38,8 @@ SUMMARY_KEYS = (
             "--strategy takes one strategy, got 'ddp,ring': commbench compare",
         ),
         (["compare", "--strategies", "ring,ring"], "listed twice"),
+        (["train", "--strategy", "ddp,ring,ddp"], "commbench compare --strategies ddp,ring trains several"),
+        (["train", "--strategy", "ddp,ddp"], "listed twice"),
         (["train", "--model", "bogus"], "unknown model"),
         (["train", "--model-opt", "widths"], "widths"),
         (["train", "--model", "mlp", "--model-opt", "colour=red"], "colour"),

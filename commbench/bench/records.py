@@ -233,8 +233,8 @@ def _own_fd(text: str) -> int | None:
 
 def resolved(path: str | Path) -> Path:
     """``path`` made absolute, its links followed as far as they go. A loop of links stays as
-    given (made absolute), for its open to refuse in its own words: Path.resolve raised
-    RuntimeError for it, a traceback."""
+    given (made absolute): Path.resolve raised RuntimeError for it, a traceback. An open through
+    it then refuses in its own words; a file written beside it and renamed replaces it."""
     try:
         return Path(path).resolve()
     except (OSError, RuntimeError):

@@ -8,6 +8,7 @@ CSS) with the PNGs beside both. Nothing here measures anything; ``commbench stud
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import html
@@ -489,7 +490,9 @@ def _size(n: int) -> str:
 
 
 def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in text).strip("-").lower() or "run"
+    """A file name's part for ``text``: letters and digits, the rest as '-', at most 80 characters
+    (a name in a record written by hand made a plot's name too long for the file system)."""
+    return "".join(c if c.isalnum() else "-" for c in text).strip("-").lower()[:80].rstrip("-") or "run"
 
 
 # ---- sections -------------------------------------------------------------------------------
@@ -551,18 +554,39 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
     from commbench.bench.report import series_name
 
     blocks: list[Block] = []
+    # One table per sweep: its collective's form, op and block as well as ranks, backend, device
+    # and dtype (points of another op or collective were rows of one table, the heading naming
+    # both collectives); the send/recv limit goes with every sweep of its ranks and block.
     groups: dict[tuple, list[dict[str, Any]]] = {}
+    limits: dict[tuple, list[dict[str, Any]]] = {}
     for r in run.sweeps:
-        key = (r.get("world_size"), r.get("backend"), r.get("device"), r.get("dtype"))
-        groups.setdefault(key, []).append(r)
-    for (world, backend, device, dtype), rows in groups.items():
-        collectives = sorted({r["collective"] for r in rows if r["collective"] != "sendrecv"}) or ["sendrecv"]
-        placed = {r["collective"] for r in rows if in_place_form(r)}
-        name = ", ".join(form_name(c, c in placed) for c in collectives)
-        heading = f"Sweep: {name}, {rank_count(world)}, {backend} on {device}, {dtype}"
-        blocks.append(Heading(text=heading, level=3))
+        where = (r.get("world_size"), r.get("backend"), r.get("device"), r.get("dtype"), r.get("block"))
+        if r["collective"] == "sendrecv":
+            limits.setdefault(where, []).append(r)
+        else:
+            groups.setdefault((*where, form_name(r["collective"], in_place_form(r)), r.get("op")), []).append(
+                r
+            )
+    for where, rows in limits.items():
+        matched = [key for key in groups if key[:5] == where]
+        for key in matched:
+            groups[key] = groups[key] + rows
+        if not matched:
+            groups[(*where, "sendrecv", None)] = rows
+    headed = collections.Counter((*key[:4], key[5]) for key in groups)
+    for (world, backend, device, dtype, block, name, op), rows in groups.items():
+        extra = ""
+        if headed[(world, backend, device, dtype, name)] > 1:  # said where another table shares the rest
+            extra = "".join(
+                f", {x}" for x in (op, f"--block {block}" if block not in (None, 1) else None) if x
+            )
+        blocks.append(
+            Heading(
+                text=f"Sweep: {name}, {rank_count(world)}, {backend} on {device}, {dtype}{extra}", level=3
+            )
+        )
         body = []
-        beside = collectives != ["sendrecv"]  # send/recv measured as the limit of other collectives
+        beside = name != "sendrecv"  # send/recv measured as the limit of other collectives
         for r in sorted(rows, key=lambda r: (r["size_bytes"], r["collective"] == "sendrecv")):
             algo = "limit (send/recv)" if r["collective"] == "sendrecv" and beside else series_name(r)
             body.append(
@@ -601,9 +625,9 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
         )
         from commbench.bench.report import plot_busbw
 
-        title = f"{name}, {rank_count(world)}, {backend}"
+        title = f"{name}, {rank_count(world)}, {backend}{extra}"
         blocks += plots.add(
-            f"{run.label}-busbw-{name}-ws{world}",
+            f"{run.label}-busbw-{name}-ws{world}{extra}",
             lambda p, rows=rows, title=title: plot_busbw(rows, str(p), title),
             f"busbw against message size ({title}); dashed: the send/recv limit",
         )

@@ -146,10 +146,11 @@ def train_config(args: argparse.Namespace) -> Any:
 
     text = args.strategy if args.command == "train" else args.strategies
     names = [s.strip() for s in text.split(",") if s.strip()]
-    if args.command == "train" and len(names) > 1:  # it ran them all, as compare does
+    several = list(dict.fromkeys(names))  # one named twice is the config's to refuse, as compare's
+    if args.command == "train" and len(several) > 1:  # it ran them all, as compare does
         raise ValueError(
             f"--strategy takes one strategy, got {text!r}: commbench compare --strategies "
-            f"{shlex.quote(','.join(names))} trains several side by side"
+            f"{shlex.quote(','.join(several))} trains several side by side"
         )
     # given only: the config's defaults stand for the rest, and what is given must be read by a strategy
     caps = {n: v for n in ("bucket_cap_mb", "first_bucket_mb") if (v := getattr(args, n)) is not None}
