@@ -394,11 +394,18 @@ def test_interrupted_sweep_keeps_finished_points_and_leaves_nothing_running(tmp_
                 ("algbw_gbps", float("nan"), "'algbw_gbps' is NaN, not a finite number >= 0"),
                 # past a float's range: "OverflowError: int too large to convert to float", a traceback
                 (
-                    "busbw_ratio_to_builtin",
+                    "wire_bytes_ratio",
                     10**400,
                     "is 1000000000000000000000000000000000000..., not a number within a float's range",
                 ),  # fmt: skip
-                ("frac_of_limit", -(10**400), "not a number within a float's range"),
+                ("wire_expected_ratio", -(10**400), "not a number within a float's range"),
+                # ratios of two bandwidths, which are never below 0 (-1 was printed as -1.00)
+                (
+                    "busbw_ratio_to_builtin",
+                    -1.2,
+                    "'busbw_ratio_to_builtin' is -1.2, not a finite number >= 0",
+                ),
+                ("frac_of_limit", float("inf"), "'frac_of_limit' is Infinity, not a finite number >= 0"),
                 ("wrong", -5, "'wrong' is -5, not a whole number >= 0"),  # was "-5 FAILED"
                 ("block", 0, "'block' is 0, not a whole number >= 1"),
                 ("root", -1, "'root' is -1, not a whole number >= 0"),
