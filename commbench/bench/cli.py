@@ -12,8 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from commbench.bench.records import file_stamp, input_path, output_path
-from commbench.bench.records import one_line as _one_line
+from commbench.bench.records import escape_breaks, file_stamp, input_path, output_path
 from commbench.units import amount, rank_count
 from commbench.units import size_argument as _size
 
@@ -765,7 +764,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         refused = _start_rank_server(argv)
         if refused is not None:
-            print(f"commbench: error: {_one_line(refused)}", file=sys.stderr)
+            _error_line(f"commbench: error: {refused}")
             return 2
         launch = _import_launch()
         _stops_raise_outside_launches(launch)
@@ -801,7 +800,7 @@ def _main(argv: list[str] | None) -> int:
             try:
                 return cluster.run(args)
             except netns.ClusterError as exc:
-                print(f"commbench: cluster: {_one_line(exc)}", file=sys.stderr)
+                _error_line(f"commbench: cluster: {exc}")
                 return cluster.NOT_BUILT
         if args.command == "bandwidth":
             from commbench.bench import bandwidth
@@ -853,16 +852,16 @@ def _main(argv: list[str] | None) -> int:
                 print("\nrecords: results/demo.jsonl   plot: results/demo.png")
             return code
     except UsageError as exc:
-        print(_one_line(exc), file=sys.stderr)
+        _error_line(str(exc))
         return 2
     except (ValueError, TypeError) as exc:
-        print(f"commbench: error: {_one_line(exc)}", file=sys.stderr)
+        _error_line(f"commbench: error: {exc}")
         return 2
     except NotStarted as exc:
-        print(f"commbench: {_one_line(exc)}", file=sys.stderr)
+        _error_line(f"commbench: {exc}")
         return 1
     except RankFailed as exc:
-        print(f"commbench: {_one_line(exc)}", file=sys.stderr)
+        _error_line(f"commbench: {exc}")
         bad_input = exc.bad_input or exc.detail.startswith(("ValueError", "TypeError"))
         return 2 if bad_input else 1
     except (KeyboardInterrupt, Interrupted) as exc:
@@ -885,6 +884,11 @@ def _main(argv: list[str] | None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     except OSError as exc:  # the file system refused what no check foresaw (a directory without access)
-        print(f"commbench: error: {_one_line(exc)}", file=sys.stderr)
+        _error_line(f"commbench: error: {exc}")
         return 1
     return 0
+
+
+def _error_line(text: str) -> None:
+    """Print an error on standard error in one line: a name given with a line break split it."""
+    print(escape_breaks(text), file=sys.stderr)

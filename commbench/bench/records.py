@@ -436,8 +436,9 @@ def plot_or_note(draw: Callable[[], None], path: str | Path) -> bool:
 _LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 
 
-def one_line(message: object) -> str:
-    """``message`` on one line, each line break in it written as its escape (``\\n``)."""
+def escape_breaks(message: object) -> str:
+    """``message`` on one line, each line break in it written as its escape (``\\n``); where a
+    break may simply go, :func:`commbench.bench.report.one_line` makes it a space."""
     return "".join(c.encode("unicode_escape").decode() if c in _LINE_BREAKS else c for c in str(message))
 
 
@@ -455,8 +456,8 @@ def complete_lines(text: str, path: str | Path) -> tuple[list[str], str | None]:
             lines.pop()
             kept = sum(1 for line in lines if line.strip())
             return lines, (
-                f"commbench: {one_line(path)}: the last line is cut short (a write that did not finish); "
-                f"the {kept} lines before it are read"
+                f"commbench: {escape_breaks(path)}: the last line is cut short (a write that did not "
+                f"finish); the {kept} lines before it are read"
             )
     return lines, None
 

@@ -38,6 +38,7 @@ from commbench.bench.records import RecordWriter, SweepRecord, check_distinct, s
 from commbench.comm.costmodel import cost, scratch_bytes
 from commbench.comm.ops import OPS, check_op, parse_dtype
 from commbench.comm.ring import SEGMENT_BYTES
+from commbench.probes.wirecheck import says_off
 from commbench.units import amount
 
 LIMIT = "limit"  # name of the sendrecv series measured beside the algorithms
@@ -533,8 +534,6 @@ def _count_wire(
         sp.run(b, algo, config.op, config.root, None, workspace)
 
     counted = counter.count(once, config.probe_iters, sent, recv, size_bytes)
-    from commbench.probes.wirecheck import says_off
-
     if says_off(counted.wire_check):
         # Loopback is shared with everything else on the machine: a count disturbed by someone
         # else's traffic is taken once more, and the second count stands. A real disagreement with
@@ -594,8 +593,6 @@ class Rank0Output:
             if len(self.pending) == len(self.config.series):
                 if self.probe is not None:
                     self.probe.mark(f"{payload.size_bytes} B")
-                from commbench.probes.wirecheck import says_off
-
                 flags = [f"{r.algorithm}: {r.wire_check}" for r in self.pending if says_off(r.wire_check)]
                 if not self.config.quiet:
                     line = self.report.table_rows(self.pending)
