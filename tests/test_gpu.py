@@ -237,3 +237,32 @@ def test_a_sweep_beyond_the_gpus_memory_is_refused_before_it_runs(tmp_path, rank
     assert "failed: ValueError: at 1099511627776 bytes the sweep's buffers" in out.stderr
     assert f"({ranks[1]} rank(s) on it)" in out.stderr and "on GPU 0 of " in out.stderr
     assert not [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "sweep"]
+
+
+def _train_on_one_gpu(*args: str) -> subprocess.CompletedProcess:
+    argv = ["train", "--device", "cuda", "--world-size", "1", "--strategy", "ddp", "--no-eval", *args]
+    return subprocess.run(
+        [sys.executable, "-m", "commbench", *argv], capture_output=True, text=True, cwd=ROOT, timeout=180
+    )
+
+
+@pytest.mark.parametrize("batch", ["8", "0"], ids=["given", "searched"])
+def test_a_resized_input_larger_than_the_gpu_is_refused_in_one_line(batch):
+    """image_size=100000 ran out of CUDA's memory in the rank (894 GiB asked of an 80 GB H100), exit 1;
+    a searched batch is held to a batch of one."""
+    out = _train_on_one_gpu("--model", "resnet18", "--model-opt", "image_size=100000", "--batch-size", batch)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    shown = "8" if batch == "8" else "1"
+    assert f"failed: ValueError: option image_size=100000: a batch of {shown} resized to" in out.stderr
+    assert "where GPU 0 has " in out.stderr and "OutOfMemoryError" not in out.stderr
+
+
+def test_a_batch_whose_activations_pass_the_gpus_memory_is_refused_in_one_line():
+    """Its input fits (12 GB at 224x224) and vgg16's first layer's output does not (257 GB): CUDA's
+    out-of-memory error, torch's paragraph and exit 1 before, is now the batch's refusal."""
+    out = _train_on_one_gpu("--model", "vgg16", "--batch-size", "20000", "--samples", "20000")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    said = (
+        "failed: ValueError: a batch of 20000 of vgg16 does not fit in the GPU's memory: CUDA out of memory, "
+    )
+    assert said in out.stderr and "(lower --batch-size, or give --batch-size 0" in out.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,110 @@ def test_the_input_memory_refusal_counts_the_resized_batch_of_every_rank() -> No
     assert input_memory_refusal(shared, 2, 2 * 2 * 3 * 100 * 100 * 4, 4) is None
     refusal = input_memory_refusal(shared, 2, 2 * 2 * 3 * 100 * 100 * 4 - 1, 4)
     assert refusal is not None and "a batch of 2 resized" in refusal and "or --global-batch)" in refusal
+    alone = input_memory_refusal(default, 1, 3 * 224 * 224 * 4 - 1, 1, holder="GPU 3 has")
+    assert alone is not None and "where GPU 3 has" in alone and " here," not in alone, alone
+
+
+@pytest.mark.parametrize(
+    "strategies, held",
+    [
+        (("dp",), "the 4 GPUs have 4.5 GiB"),
+        (("dp", "vanilla-dp"), "the 4 GPUs have 4.5 GiB"),
+        (("dp", "none"), "GPU 2 has 1.1 GiB"),
+        (("ddp",), "GPU 2 has 1.1 GiB"),
+    ],
+)
+def test_a_rank_refuses_an_input_larger_than_its_gpu(monkeypatch, strategies, held) -> None:
+    """In the rank, on CUDA: held to its GPU's memory, or to every local GPU's where each strategy
+    splits the batch over them. The GPU's size is faked here (no GPU); test_gpu runs the real one."""
+    import torch
+
+    from commbench.trainers.loop import TrainConfig, check_input_fits_gpu
+
+    side, gpu = 1000, 100 * 3 * 1000 * 1000 * 4  # a batch of 400 fills 4 GPUs
+    props = type("Props", (), {"total_memory": gpu})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    device = torch.device("cuda", 2)
+    options = (("image_size", side),)
+    fits = 400 if held.startswith("the") else 100
+    check_input_fits_gpu(
+        TrainConfig(model="alexnet", batch_size=fits, model_options=options, strategies=strategies), device, 1
+    )
+    config = TrainConfig(model="alexnet", batch_size=fits + 1, model_options=options, strategies=strategies)
+    with pytest.raises(
+        ValueError, match=f"a batch of {fits + 1} resized to 1000x1000 .* where {held} of memory"
+    ):
+        check_input_fits_gpu(config, device, 1)
+
+
+OOM = "CUDA out of memory. Tried to allocate 894.07 GiB. GPU 0 has a total capacity of 79.18 GiB of which"
+CPU_OOM = (
+    "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+    "allocate 256901120000 bytes. Error code 12 (Cannot allocate memory)"
+)
+
+
+@pytest.mark.parametrize("where", ["built", "step"])
+@pytest.mark.parametrize(
+    "options, said",
+    [
+        ({"batch_size": 16}, "a batch of 16 of mlp does not fit in the GPU's memory: "),
+        (
+            {"batch_size": 16, "strategies": ("none", "ddp")},
+            "of mlp with the other strategies' models beside it",
+        ),
+        ({"global_batch": 16}, "tried to allocate 894.07 GiB (lower --global-batch)"),
+    ],
+)
+def test_cudas_out_of_memory_in_training_is_a_refusal_of_the_batch(
+    monkeypatch, tmp_path, where, options, said
+) -> None:
+    """A batch too large for the GPU failed with torch's whole paragraph, exit 1: now one line that
+    says what to change, a ValueError (exit 2). CUDA's error is raised by hand here (no GPU), in
+    the first trainer, where it is built or where it steps, in a group of one rank."""
+    import torch
+    import torch.distributed as dist
+
+    from commbench.trainers import loop
+
+    def out(self, *args, **kwargs):
+        raise torch.OutOfMemoryError(OOM)
+
+    monkeypatch.setattr(loop.Trainer, "__init__" if where == "built" else "step", out)
+    options = {"strategies": ("none",), **options}
+    config = loop.TrainConfig(model="mlp", samples=64, steps_per_epoch=1, evaluate=False, **options)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError) as caught:
+            loop.run_rank(config, torch.device("cpu"), lambda record: None)
+    finally:
+        dist.destroy_process_group()
+    message = str(caught.value)
+    assert said in message and "\n" not in message, message
+    assert "CUDA out of memory, tried to allocate 894.07 GiB (lower --" in message and message.endswith(")")
+
+
+@pytest.mark.parametrize(
+    "error, said",
+    [
+        (
+            RuntimeError(CPU_OOM),
+            "does not fit in the host's memory: 239.3 GiB could not be allocated (lower --batch-size)",
+        ),
+        (RuntimeError("Expected all tensors to be on the same device"), None),
+        (RuntimeError("CUDA out of memory. Tried to allocate 2 GiB"), None),  # not CUDA's own error class
+    ],
+)
+def test_only_an_allocators_failure_is_taken_for_a_batch_too_large(error, said) -> None:
+    from commbench.trainers.loop import TrainConfig, refuse_out_of_memory
+
+    config = TrainConfig(model="vgg16", batch_size=20000)
+    if said is None:
+        assert refuse_out_of_memory(config, 20000, error) is None  # the caller raises it as it was
+        return
+    with pytest.raises(ValueError, match=f"^a batch of 20000 of vgg16 {re.escape(said)}$"):
+        refuse_out_of_memory(config, 20000, error)
 
 
 def test_the_model_memory_refusal_counts_every_rank_and_what_each_holds() -> None:

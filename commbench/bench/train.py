@@ -391,7 +391,7 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | N
     """What every rank would refuse on its own, said once before any starts (ValueError): a real
     dataset's missing or malformed files, a training set that ``ranks_here`` ranks on this
     machine could not index, a model they could not hold training on ``device``, and on the CPU a
-    batch of a backbone's resized input they could not hold (see
+    batch of a backbone's resized input they could not hold (on CUDA each rank checks its GPU; see
     :func:`~commbench.trainers.loop.index_memory_refusal`, ``model_memory_refusal`` and
     ``input_memory_refusal``)."""
     import psutil

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -657,11 +658,15 @@ def model_memory_refusal(param_bytes: int, ranks: int, memory_bytes: int, device
     )
 
 
-def input_memory_refusal(config: TrainConfig, ranks: int, memory_bytes: int, world: int) -> str | None:
-    """Why ``ranks`` ranks (of ``world``) on one host training on the CPU cannot hold a batch of a torchvision
-    backbone's input, resized to its ``image_size``, in ``memory_bytes``, or None where they can
-    (or the model has no such size). Its activations need several times more, unknown here: this
-    refuses what cannot fit whatever they are (image_size=100000 failed in every rank, 7.7 TB)."""
+def input_memory_refusal(
+    config: TrainConfig, ranks: int, memory_bytes: int, world: int, holder: str = "the host has"
+) -> str | None:
+    """Why ``ranks`` ranks (of ``world``) cannot hold a batch of a torchvision backbone's input,
+    resized to its ``image_size``, in the ``memory_bytes`` that ``holder`` has (the host, where
+    they train on the CPU, or a GPU, where they resize on it), or None where they can (or the model has
+    no such size). Its activations need several times more, unknown here: this refuses what
+    cannot fit whatever they are (image_size=100000 failed in every rank, 7.7 TB on the CPU and
+    894 GiB asked of an 80 GB H100)."""
     from commbench.trainers.models import MIN_IMAGE_SIZE, BackboneOptions
     from commbench.units import amount, rank_count
 
@@ -678,11 +683,27 @@ def input_memory_refusal(config: TrainConfig, ranks: int, memory_bytes: int, wor
     need = per_rank * ranks
     if need <= memory_bytes:
         return None
+    total = f", {amount(need)} for {rank_count(ranks)} here" if ranks > 1 else ""
     return (
         f"option image_size={side}: a batch of {batch} resized to {side}x{side} is {amount(per_rank)} "
-        f"a rank before any activation, {amount(need)} for {rank_count(ranks)} here, where the host has "
-        f"{amount(memory_bytes)} of memory (lower image_size or {option})"
+        f"a rank before any activation{total}, where {holder} {amount(memory_bytes)} of memory "
+        f"(lower image_size or {option})"
     )
+
+
+def check_input_fits_gpu(config: TrainConfig, device: torch.device, world: int) -> None:
+    """Refuse (ValueError) a backbone's resized input batch larger than the GPU memory it is
+    resized in, in the rank, where CUDA is up (the launcher must not start CUDA before it forks
+    the ranks): this rank's GPU, or where every strategy is dp or vanilla-dp, which split the
+    batch over every local GPU, all of them. Ranks on like GPUs decide alike; ranks sharing one
+    are each held to all of it, a bound that cannot refuse a run that fits. A searched batch
+    (--batch-size 0) is held to a batch of one."""
+    gpus = torch.cuda.device_count() if all(s in sync_mod.CUDA_ONLY for s in config.strategies) else 1
+    total = torch.cuda.get_device_properties(device).total_memory * gpus
+    holder = f"GPU {device.index} has" if gpus == 1 else f"the {gpus} GPUs have"
+    refusal = input_memory_refusal(config, 1, total, world, holder=holder)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def _loaders(
@@ -768,6 +789,35 @@ def find_max_batch(
     return found
 
 
+def refuse_out_of_memory(config: TrainConfig, batch: int, exc: RuntimeError) -> None:
+    """An allocation that failed in training, raised as the refusal (ValueError) of a batch (or
+    model) too large for the memory it asked of, in one line that says what to change; any other
+    error returns, for the caller to raise. CUDA's out-of-memory error gives torch's first two
+    sentences; the CPU allocator's, the bytes it could not have (a 257 GB vgg16 layer: exit 1, in
+    the allocator's words). Where several strategies train side by side, each holds its own model."""
+    from commbench.units import amount
+
+    text = " ".join(str(exc).split())
+    cpu = re.search(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes", text)
+    if isinstance(exc, torch.OutOfMemoryError):
+        memory = "the GPU's memory"
+        what = ", ".join(part.rstrip(".") for part in text.split(". ")[:2]).replace("Tried", "tried")
+    elif cpu is not None:
+        memory, what = "the host's memory", f"{amount(int(cpu[1]))} could not be allocated"
+    else:
+        return
+    if config.global_batch:  # it overrides --batch-size, searched for or not
+        change = "lower --global-batch"
+    elif isinstance(exc, torch.OutOfMemoryError):
+        change = "lower --batch-size, or give --batch-size 0 to find the largest that fits"
+    else:  # the search runs on CUDA alone
+        change = "lower --batch-size"
+    side = " with the other strategies' models beside it" if len(config.strategies) > 1 else ""
+    raise ValueError(
+        f"a batch of {batch} of {config.model}{side} does not fit in {memory}: {what} ({change})"
+    ) from None
+
+
 def per_rank_batch(global_batch: int, world: int) -> int:
     """Each rank's share of ``global_batch``; ValueError where it is less than one sample."""
     if global_batch < world:
@@ -814,13 +864,19 @@ def run_rank(
         if s in sync_mod.SINGLE_PROCESS and world > 1:
             raise ValueError(f"strategy {s} runs in one process; it cannot run with {world} ranks")
     shape = config.input_shape()
+    if device.type == "cuda":  # on the CPU the launcher refused it before any rank started
+        check_input_fits_gpu(config, device, world)
     train = _dataset(config, train=True)
     batch = _batch_size(config, len(train), device, world)
     loader, test_loader, sampler = _loaders(config, train, batch, world, rank)
     steps = len(loader) if config.steps_per_epoch is None else min(len(loader), config.steps_per_epoch)
     if steps == 0:
         raise ValueError(f"{len(train)} samples do not make one batch of {batch} on each of {world} ranks")
-    trainers = [Trainer(config, s, shape, device, batch) for s in config.strategies]
+    try:
+        trainers = [Trainer(config, s, shape, device, batch) for s in config.strategies]
+    except RuntimeError as exc:
+        refuse_out_of_memory(config, batch, exc)
+        raise
     windows = None
     if config.probe and device.type == "cpu" and world > 1:  # NIC counters see gloo's TCP traffic
         from commbench.probes.wirecount import StepWindows, WireCounter
@@ -882,6 +938,9 @@ def run_rank(
         ]
         if inspect is not None:
             inspect(trainers)
+    except RuntimeError as exc:
+        refuse_out_of_memory(config, batch, exc)
+        raise
     finally:
         for tr in trainers:
             tr.close()
