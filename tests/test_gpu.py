@@ -249,11 +249,12 @@ def _train_on_one_gpu(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("batch", ["8", "0"], ids=["given", "searched"])
 def test_a_resized_input_larger_than_the_gpu_is_refused_in_one_line(batch):
     """image_size=100000 ran out of CUDA's memory in the rank (894 GiB asked of an 80 GB H100), exit 1;
-    a searched batch is held to a batch of one."""
-    out = _train_on_one_gpu("--model", "resnet18", "--model-opt", "image_size=100000", "--batch-size", batch)
+    a searched batch is held to a batch of one. A side of 10^6 is 12 TB an image, past any GPU
+    (10^5's 112 GiB fits an H200, whose batch search then found no batch)."""
+    out = _train_on_one_gpu("--model", "resnet18", "--model-opt", "image_size=1000000", "--batch-size", batch)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     shown = "8" if batch == "8" else "1"
-    assert f"failed: ValueError: option image_size=100000: a batch of {shown} resized to" in out.stderr
+    assert f"failed: ValueError: option image_size=1000000: a batch of {shown} resized to" in out.stderr
     assert "where GPU 0 has " in out.stderr and "OutOfMemoryError" not in out.stderr
 
 
