@@ -267,3 +267,40 @@ def test_a_batch_whose_activations_pass_the_gpus_memory_is_refused_in_one_line()
         "failed: ValueError: a batch of 20000 of vgg16 does not fit in the GPU's memory: CUDA out of memory, "
     )
     assert said in out.stderr and "(lower --batch-size, or give --batch-size 0" in out.stderr
+
+
+def _judged(records: list[dict], what: str) -> None:
+    """Each record's interface count agrees with its computed bytes as on the CPU (test_wire_e2e)."""
+    assert records, what
+    for r in records:
+        where = f"{what}: {r.get('algorithm', r.get('strategy'))} at {r.get('size_bytes', r.get('epoch'))}"
+        assert r["computed_wire_bytes"] and r["measured_wire_bytes"], where
+        assert r["wire_check"] is None, (where, r["wire_check"])
+        assert r["wire_bytes_ratio"] == pytest.approx(r["wire_expected_ratio"], rel=0.02), where
+
+
+def test_gloos_traffic_with_cuda_tensors_is_counted_on_the_wire(tmp_path):
+    """gloo sends host copies of CUDA tensors over TCP, so the interface counts them as it counts
+    host tensors'; these runs carried no wire count before (it was for the CPU alone)."""
+    run = [sys.executable, "-m", "commbench"]
+    gloo = ["--device", "cuda", "--world-size", "2", "--backend", "gloo"]
+    for collective in ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"):
+        path = tmp_path / f"{collective}.jsonl"
+        argv = ["sweep", *gloo, "--collective", collective, "-b", "1M", "-e", "4M", "-f", "4", "-n", "3"]
+        out = subprocess.run(
+            [*run, *argv, "-w", "1", "--json", str(path)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=200,
+        )
+        assert out.returncode == 0 and "wire bytes off" not in out.stdout, out.stdout + out.stderr
+        _judged(
+            [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "sweep"], collective
+        )
+    path = tmp_path / "compare.jsonl"
+    argv = ["compare", *gloo, "--strategies", "naive,ring,bucketed,ddp", "--samples", "2048"]
+    argv += ["--steps-per-epoch", "4", "--no-eval", "-q", "--json", str(path)]
+    out = subprocess.run([*run, *argv], capture_output=True, text=True, cwd=ROOT, timeout=200)
+    assert out.returncode == 0 and "wire bytes off" not in out.stdout, out.stdout + out.stderr
+    _judged([r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "epoch"], "compare")

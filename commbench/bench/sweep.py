@@ -380,7 +380,9 @@ def run_rank(config: SweepConfig, device_kind: str, emit, nic: str | None = None
     all_sizes = [size for count, size in counts.items() if count > 0]
     out: list[SweepRecord] = []
     counter = None
-    if config.probe and device.type == "cpu":  # NIC counters see gloo's TCP; NCCL's paths are NVML's
+    # NIC counters see gloo's TCP, whether its tensors are on the host or on a GPU (it sends host
+    # copies of those); NCCL's paths (NVLink, PCIe, InfiniBand's RDMA) are NVML's, or no counter's.
+    if config.probe and moved_by == "gloo":
         from commbench.probes.wirecount import WireCounter
 
         counter = WireCounter(device, nic)  # the interface the caller agreed on, else agreed here

@@ -878,7 +878,7 @@ def run_rank(
         refuse_out_of_memory(config, batch, exc)
         raise
     windows = None
-    if config.probe and device.type == "cpu" and world > 1:  # NIC counters see gloo's TCP traffic
+    if config.probe and world > 1 and p2p.backend_for(None, device) == "gloo":  # NIC counters see its TCP
         from commbench.probes.wirecount import StepWindows, WireCounter
 
         windows = StepWindows(WireCounter(device, nic))
