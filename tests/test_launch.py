@@ -740,6 +740,32 @@ def test_stop_signals_after_the_first_are_swallowed_by_a_python_handler():
     assert (done.returncode, done.stdout, done.stderr) == (0, expected, "")
 
 
+def test_a_stop_signal_that_lands_in_a_finaliser_ends_the_rank_after_it():
+    """Python swallows an exception raised within a __del__: a rank stopped while tqdm's bar was
+    being freed printed "Exception ignored in: <function tqdm.__del__ ...>" and its traceback,
+    and went on. The signal now comes again once the finaliser is done."""
+    code = (
+        "import os, signal, time\n"
+        "from commbench.bench import launch\n"
+        "signal.signal(signal.SIGTERM, launch._exit_on_signal)\n"
+        "class Bar:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        start = time.monotonic()\n"
+        "        while time.monotonic() - start < 0.2:  # the handler runs in here\n"
+        "            pass\n"
+        "        print('freed', flush=True)\n"
+        "try:\n"
+        "    Bar()\n"
+        "    time.sleep(10)\n"
+        "    print('went on')\n"
+        "except SystemExit as exc:\n"
+        "    print('exit', exc.code)\n"
+    )
+    done = _python(code)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"freed\nexit {128 + signal.SIGTERM}\n", "")
+
+
 def _companion_timeout() -> float:
     from commbench.comm import p2p
 

@@ -344,11 +344,29 @@ def _cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+FINALISER_RETRY_S = 0.01  # see _exit_on_signal
+
+
 def _exit_on_signal(signum: int, frame: Any) -> None:
     global _stopping
+    if _in_finaliser(frame):
+        # Python swallows an exception raised in a __del__, printing "Exception ignored in ..."
+        # (tqdm's bar, freed as a rank refused its batch while the launcher stopped the other),
+        # and the rank went on. The signal comes again once the finaliser is done.
+        threading.Timer(FINALISER_RETRY_S, os.kill, (os.getpid(), signum)).start()
+        return
     _stopping = True
     signals.ignore_further()  # one signal is enough; a second would interrupt cleanup
     raise SystemExit(128 + signum)
+
+
+def _in_finaliser(frame: Any) -> bool:
+    """Whether ``frame`` (a signal handler's) runs within an object's ``__del__``."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _record(error_dir: str | None, exc: BaseException) -> None:
