@@ -789,32 +789,46 @@ def find_max_batch(
     return found
 
 
-def refuse_out_of_memory(config: TrainConfig, batch: int, exc: RuntimeError) -> None:
-    """An allocation that failed in training, raised as the refusal (ValueError) of a batch (or
-    model) too large for the memory it asked of, in one line that says what to change; any other
-    error returns, for the caller to raise. CUDA's out-of-memory error gives torch's first two
-    sentences; the CPU allocator's, the bytes it could not have (a 257 GB vgg16 layer: exit 1, in
-    the allocator's words). Where several strategies train side by side, each holds its own model."""
+def refuse_out_of_memory(config: TrainConfig, batch: int | None, exc: BaseException) -> None:
+    """An allocation that failed, raised as a refusal (ValueError) in one line that says what to
+    change: of the batch, where it failed in training, or of the model (``batch`` None), where it
+    failed as the trainers were built, before any batch. Any other error returns, for the caller
+    to raise. CUDA's out-of-memory error (found in the error or what it was raised from, as the
+    ring's thread and dp's replicas pass it on) gives the size torch could not have; the CPU
+    allocator's, the bytes it could not have (a 257 GB vgg16 layer: exit 1, in the allocator's
+    words). Where several strategies train side by side, each holds its own model."""
     from commbench.units import amount
 
+    chain = [exc]
+    while chain[-1].__cause__ is not None and len(chain) < 8:
+        chain.append(chain[-1].__cause__)
+    cuda = next((e for e in chain if isinstance(e, torch.OutOfMemoryError)), None)
     text = " ".join(str(exc).split())
     cpu = re.search(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes", text)
-    if isinstance(exc, torch.OutOfMemoryError):
-        memory = "the GPU's memory"
-        what = ", ".join(part.rstrip(".") for part in text.split(". ")[:2]).replace("Tried", "tried")
+    if cuda is not None:
+        memory, what = "the GPU's memory", "CUDA out of memory"
+        asked = re.search(r"Tried to allocate ([\d.]+ [KMGTP]?i?B)", " ".join(str(cuda).split()))
+        what += f", tried to allocate {asked[1]}" if asked else ""
     elif cpu is not None:
         memory, what = "the host's memory", f"{amount(int(cpu[1]))} could not be allocated"
     else:
         return
+    n = len(config.strategies)
+    copies = f", {n} strategies' copies side by side," if n > 1 else ""
+    if batch is None:
+        change = "choose a smaller model or --model-opt" + (", or fewer strategies" if n > 1 else "")
+        raise ValueError(
+            f"model {config.model}{copies} does not fit in {memory}: {what} ({change})"
+        ) from None
+    held, change = f"a batch of {batch}", "lower --batch-size"
     if config.global_batch:  # it overrides --batch-size, searched for or not
-        change = "lower --global-batch"
-    elif isinstance(exc, torch.OutOfMemoryError):
-        change = "lower --batch-size, or give --batch-size 0 to find the largest that fits"
-    else:  # the search runs on CUDA alone
-        change = "lower --batch-size"
-    side = " with the other strategies' models beside it" if len(config.strategies) > 1 else ""
+        held, change = f"{held} a rank (of --global-batch {config.global_batch})", "lower --global-batch"
+    elif config.batch_size == 0:  # the search's batch fitted its trial step, not the training
+        held, change = f"the batch of {batch} found", f"give a --batch-size below {batch}"
+    elif cuda is not None:  # the search runs on CUDA alone
+        change += ", or give --batch-size 0 to find the largest that fits"
     raise ValueError(
-        f"a batch of {batch} of {config.model}{side} does not fit in {memory}: {what} ({change})"
+        f"{held} of {config.model}{copies} does not fit in {memory}: {what} ({change})"
     ) from None
 
 
@@ -867,15 +881,19 @@ def run_rank(
     if device.type == "cuda":  # on the CPU the launcher refused it before any rank started
         check_input_fits_gpu(config, device, world)
     train = _dataset(config, train=True)
-    batch = _batch_size(config, len(train), device, world)
+    try:  # the batch search builds the model too
+        batch = _batch_size(config, len(train), device, world)
+    except RuntimeError as exc:
+        refuse_out_of_memory(config, None, exc)
+        raise
     loader, test_loader, sampler = _loaders(config, train, batch, world, rank)
     steps = len(loader) if config.steps_per_epoch is None else min(len(loader), config.steps_per_epoch)
     if steps == 0:
         raise ValueError(f"{len(train)} samples do not make one batch of {batch} on each of {world} ranks")
-    try:
+    try:  # a model's allocations, the batch's come later
         trainers = [Trainer(config, s, shape, device, batch) for s in config.strategies]
     except RuntimeError as exc:
-        refuse_out_of_memory(config, batch, exc)
+        refuse_out_of_memory(config, None, exc)
         raise
     windows = None
     if config.probe and world > 1 and p2p.backend_for(None, device) == "gloo":  # NIC counters see its TCP
