@@ -718,6 +718,17 @@ def test_a_launch_puts_back_the_stop_handlers_it_found():
     assert set(launch._agent_signals()) >= set(taken)
 
 
+@pytest.mark.parametrize("named", ["SIGKILL", "SIGSTOP,SIGUSR1"])
+def test_signals_no_handler_can_take_are_not_put_back(monkeypatch, named):
+    """$TORCHELASTIC_SIGNALS_TO_HANDLE naming SIGKILL ended the launch with "[Errno 22] Invalid
+    argument" as its handlers were put back."""
+    monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", named)
+    taken = launch._agent_signals()  # read before the launch: torch's sets the variable to its own list
+    assert signal.SIGKILL not in taken and signal.SIGSTOP not in taken
+    assert (signal.SIGUSR1 in taken) == ("SIGUSR1" in named)
+    assert run(_world, (), LaunchSpec(world_size=2)) == {0: (0, 2), 1: (1, 2)}
+
+
 def test_stop_signals_after_the_first_are_swallowed_by_a_python_handler():
     """timeout(1) signals the group and the launcher signals its ranks: a rank can get a second
     SIGTERM while its handler runs. With SIG_IGN installed there, one that had already reached

@@ -553,12 +553,14 @@ def _agent_handler(handler: Callable[[int, Any], None]) -> Iterator[None]:
 
 def _agent_signals() -> tuple[int, ...]:
     """Every signal the elastic agent may set its handler for: torch's default list, the one its
-    LaunchConfig names and the one the environment names."""
+    LaunchConfig names and the one the environment names, less those no handler can take
+    (SIGKILL or SIGSTOP named there ended a launch with "[Errno 22] Invalid argument" as their
+    handlers were put back)."""
     from torch.distributed.launcher.api import LaunchConfig
 
     lists = (AGENT_SIGNALS, getattr(LaunchConfig, "signals_to_handle", ""))
     names = ",".join((*lists, os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", ""))).split(",")
-    found = {getattr(signal, name.strip(), None) for name in names}
+    found = {getattr(signal, name.strip(), None) for name in names} - {signal.SIGKILL, signal.SIGSTOP}
     return tuple(sorted(s for s in found if isinstance(s, signal.Signals)))
 
 
