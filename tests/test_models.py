@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -197,6 +198,33 @@ def test_backbone_loads_local_weights(tmp_path) -> None:
     torch.save({"features.0.weight": torch.zeros(1)}, tmp_path / "other.pth")
     with pytest.raises(ValueError, match="does not fit torchvision's squeezenet1_0"):
         build_model("squeezenet1_0", weights=str(tmp_path / "other.pth"))
+
+
+@pytest.mark.parametrize(
+    "state, said",
+    [
+        ({1: torch.zeros(3)}, "holds a key 1, not a state dict of named tensors"),
+        ({"features.0.weight": 1}, "holds a value of type int at features.0.weight, not a state dict"),
+        (
+            {"features.0.weight": torch.zeros(3, dtype=torch.complex64)},
+            "a complex tensor at features.0.weight",
+        ),
+        ({"features.0.weight": torch.zeros(3).to_sparse()}, "a sparse tensor at features.0.weight"),
+    ],
+    ids=["int-key", "number", "complex", "sparse"],
+)
+def test_backbone_weights_of_other_kinds_are_refused_without_warnings(tmp_path, state, said) -> None:
+    """An int key failed in torch ("'int' object has no attribute 'startswith'", exit 1); complex
+    tensors were cast to real with a warning from every rank, and a sparse one's load warned
+    above its refusal."""
+    import warnings
+
+    path = tmp_path / "w.pth"
+    torch.save(state, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        with pytest.raises(ValueError, match=re.escape(said)):
+            build_model("squeezenet1_0", weights=str(path))
 
 
 def test_parse_model_options_types() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -267,12 +268,31 @@ def _load_weights(model: nn.Module, name: str, path: str) -> None:
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"{name} weights: no file at {file}")
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"{name} weights: {file} is not a readable state dict ({type(e).__name__})") from e
+    # torch's warnings on a file it then refuses (a sparse tensor's invariants, an old pickle) were
+    # printed by every rank above the one-line refusal
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ValueError(
+                f"{name} weights: {file} is not a readable state dict ({type(e).__name__})"
+            ) from e
     if not isinstance(state, Mapping):
         raise ValueError(f"{name} weights: {file} holds a {type(state).__name__}, not a state dict")
+    for key, value in state.items():  # an int key failed in torch as "'int' object has no attribute ..."
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            what = (
+                f"a value of type {type(value).__name__} at {key}"
+                if isinstance(key, str)
+                else f"a key {key!r}"
+            )
+            raise ValueError(f"{name} weights: {file} holds {what}, not a state dict of named tensors")
+        if value.is_complex() or value.layout != torch.strided:  # cast to real with a warning, or refused
+            kind = "complex" if value.is_complex() else "sparse"
+            raise ValueError(
+                f"{name} weights: {file} holds a {kind} tensor at {key}; a model's are dense and real"
+            )
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
