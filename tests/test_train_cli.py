@@ -58,6 +58,19 @@ SUMMARY_KEYS = (
             ["train", "--model", "resnet18", "--model-opt", "image_size=100000", "--world-size", "2"],
             "option image_size=100000: a batch of 64 resized to 100000x100000 is 7152.6 GiB a rank",
         ),
+        # each rank failed with exit 1, asking the CPU allocator for 144 GB of class prototypes
+        (
+            [
+                "train",
+                "--model",
+                "resnet18_cifar",
+                "--model-opt",
+                "input_shape=1,60000,60000",
+                "--world-size",
+                "2",
+            ],
+            "option input_shape=1,60000,60000: an image is 13.4 GiB, and a rank holds 20 class prototypes",
+        ),
         (["train", "--epochs", "0"], "epochs"),
         (["train", "--lr", "0"], "lr"),
         (["train", "--lr", "nan"], "lr"),
@@ -155,6 +168,29 @@ def test_train_takes_one_strategy_with_a_comma_left_over() -> None:
     from commbench.bench.train import train_config
 
     assert train_config(build_parser().parse_args(["train", "--strategy", "ring,"])).strategies == ("ring",)
+
+
+def test_the_synthetic_memory_refusal_counts_each_splits_prototypes_and_a_batch() -> None:
+    from commbench.trainers.loop import TrainConfig, synthetic_memory_refusal
+
+    shape = (("input_shape", (3, 100, 100)),)
+    image = 3 * 100 * 100 * 4
+    config = TrainConfig(model="mlp", batch_size=8, model_options=shape)
+    need = (10 * 2 + 8) * image * 3  # 10 prototypes for each of two splits, one batch, 3 ranks
+    assert synthetic_memory_refusal(config, 3, need, 3) is None
+    refusal = synthetic_memory_refusal(config, 3, need - 1, 3)
+    assert (
+        refusal is not None and "20 class prototypes and a batch of 8" in refusal and "for 3 ranks" in refusal
+    )
+    alone = TrainConfig(model="mlp", batch_size=8, model_options=shape, evaluate=False)
+    assert synthetic_memory_refusal(alone, 3, (10 + 8) * image * 3, 3) is None
+    assert synthetic_memory_refusal(alone, 3, (10 + 8) * image * 3 - 1, 3) is not None
+    shared = TrainConfig(model="mlp", global_batch=25, model_options=shape, evaluate=False)  # 6 each of 4
+    assert synthetic_memory_refusal(shared, 2, (10 + 6) * image * 2, 4) is None
+    refusal = synthetic_memory_refusal(shared, 2, (10 + 6) * image * 2 - 1, 4)
+    assert refusal is not None and refusal.endswith("(lower input_shape or --global-batch)")
+    real = TrainConfig(model="mlp", dataset="mnist", data_dir="/x")  # its images are read, not made
+    assert synthetic_memory_refusal(real, 4, 0, 4) is None
 
 
 def test_the_input_memory_refusal_counts_the_resized_batch_of_every_rank() -> None:

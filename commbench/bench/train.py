@@ -390,10 +390,10 @@ def cmd_train(config: Any, spec: Any, command: str | None = None, name: str = "t
 def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | None = None) -> None:
     """What every rank would refuse on its own, said once before any starts (ValueError): a real
     dataset's missing or malformed files, a training set that ``ranks_here`` ranks on this
-    machine could not index, a model they could not hold training on ``device``, and on the CPU a
-    batch of a backbone's resized input they could not hold (on CUDA each rank checks its GPU; see
-    :func:`~commbench.trainers.loop.index_memory_refusal`, ``model_memory_refusal`` and
-    ``input_memory_refusal``)."""
+    machine could not index, synthetic images they could not hold, a model they could not hold
+    training on ``device``, and on the CPU a batch of a backbone's resized input they could not
+    hold (on CUDA each rank checks its GPU; see :func:`~commbench.trainers.loop.index_memory_refusal`,
+    ``synthetic_memory_refusal``, ``model_memory_refusal`` and ``input_memory_refusal``)."""
     import psutil
 
     from commbench.trainers.data import DatasetConfig, build_dataset, split_size
@@ -402,6 +402,7 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | N
         input_memory_refusal,
         model_memory_refusal,
         parameter_bytes,
+        synthetic_memory_refusal,
     )
 
     if config.dataset != "synthetic":
@@ -421,6 +422,8 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | N
     param_bytes = parameter_bytes(config)
     if refusal is None and param_bytes is not None:
         refusal = model_memory_refusal(param_bytes, ranks_here, memory, device)
+    if refusal is None:  # held on the host, whatever the device
+        refusal = synthetic_memory_refusal(config, ranks_here, memory, world or ranks_here)
     if refusal is None and device == "cpu":
         refusal = input_memory_refusal(config, ranks_here, memory, world or ranks_here)
     if refusal is not None:

@@ -620,6 +620,33 @@ def index_memory_refusal(samples: int, ranks: int, memory_bytes: int) -> str | N
     )
 
 
+def synthetic_memory_refusal(config: TrainConfig, ranks: int, memory_bytes: int, world: int) -> str | None:
+    """Why ``ranks`` ranks (of ``world``) on one host cannot hold synthetic images of
+    ``config.input_shape()`` in ``memory_bytes``, or None where they can (or the data is real):
+    each rank keeps a float32 prototype of every class for each split it builds and loads a batch
+    on the host, whatever the device (input_shape=1,60000,60000 asked 144 GB in every rank)."""
+    from commbench.trainers.data import DatasetConfig
+    from commbench.units import amount, rank_count
+
+    if config.dataset != "synthetic":
+        return None
+    shape = config.input_shape()
+    image = math.prod(shape) * 4
+    classes = DatasetConfig.num_classes
+    splits = 2 if config.evaluate else 1
+    batch = per_rank_batch(config.global_batch, world) if config.global_batch else config.batch_size or 1
+    held = (classes * splits + batch) * image
+    if held * ranks <= memory_bytes:
+        return None
+    option = "--global-batch" if config.global_batch else "--batch-size"
+    return (
+        f"option input_shape={','.join(map(str, shape))}: an image is {amount(image)}, and a rank holds "
+        f"{classes * splits} class prototypes and a batch of {batch}, {amount(held)}, "
+        f"{amount(held * ranks)} for {rank_count(ranks)} here, where the host has {amount(memory_bytes)} "
+        f"of memory (lower input_shape or {option})"
+    )
+
+
 # Copies of the parameters a rank holds in host memory training on the CPU: the parameters, their
 # gradients, SGD's momentum and the sync's flat buffers (one on a GPU: the model is built on the
 # host before it moves).
