@@ -751,30 +751,65 @@ def test_stop_signals_after_the_first_are_swallowed_by_a_python_handler():
     assert (done.returncode, done.stdout, done.stderr) == (0, expected, "")
 
 
-def test_a_stop_signal_that_lands_in_a_finaliser_ends_the_rank_after_it():
-    """Python swallows an exception raised within a __del__: a rank stopped while tqdm's bar was
-    being freed printed "Exception ignored in: <function tqdm.__del__ ...>" and its traceback,
-    and went on. The signal now comes again once the finaliser is done."""
-    code = (
-        "import os, signal, time\n"
-        "from commbench.bench import launch\n"
-        "signal.signal(signal.SIGTERM, launch._exit_on_signal)\n"
+FINALISERS = {
+    # the signal reaches a method the finaliser calls, as tqdm's __del__ calls close()
+    "del": (
         "class Bar:\n"
+        "    def close(self):\n"
+        "        wait()\n"
         "    def __del__(self):\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "        start = time.monotonic()\n"
-        "        while time.monotonic() - start < 0.2:  # the handler runs in here\n"
-        "            pass\n"
-        "        print('freed', flush=True)\n"
-        "try:\n"
-        "    Bar()\n"
-        "    time.sleep(10)\n"
-        "    print('went on')\n"
-        "except SystemExit as exc:\n"
-        "    print('exit', exc.code)\n"
+        "        self.close()\n"
+        "Bar()\n"
+    ),
+    "weakref": "weakref.finalize(Thing(), wait)\n",
+    "generator": "def gen():\n    try:\n        yield 1\n    finally:\n        wait()\n"
+    "g = gen()\nnext(g)\ndel g\n",
+}
+
+
+@pytest.mark.parametrize(
+    "finaliser, sig",
+    [("del", signal.SIGTERM), ("weakref", signal.SIGTERM), ("generator", signal.SIGINT)],
+    ids=["del", "weakref", "generator-SIGINT"],
+)
+def test_a_stop_signal_that_lands_in_a_finaliser_ends_the_rank_after_it(finaliser, sig):
+    """Python drops an exception raised while a finaliser runs: a rank stopped while tqdm's bar was
+    being freed printed "Exception ignored in: <function tqdm.__del__ ...>" and its traceback,
+    and went on, deaf to further stops. The same signal now comes again once it is done."""
+    code = (
+        "import os, signal, time, weakref\n"
+        "from commbench.bench import launch\n"
+        f"signal.signal({int(sig)}, launch._exit_on_signal)\n"
+        "class Thing:\n"
+        "    pass\n"
+        "def wait():\n"
+        f"    os.kill(os.getpid(), {int(sig)})\n"
+        "    start = time.monotonic()\n"
+        "    while time.monotonic() - start < 0.2:  # the handler runs in here\n"
+        "        pass\n"
+        "with launch._stops_kept_from_finalisers():\n"
+        "    try:\n"
+        + "".join(f"        {line}\n" for line in FINALISERS[finaliser].splitlines())
+        + "        time.sleep(10)\n"
+        "        print('went on')\n"
+        "    except SystemExit as exc:\n"
+        "        print('exit', exc.code)\n"
     )
     done = _python(code)
-    assert (done.returncode, done.stdout, done.stderr) == (0, f"freed\nexit {128 + signal.SIGTERM}\n", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"exit {128 + sig}\n", "")
+
+
+def _hook_of_a_rank() -> str:
+    return sys.unraisablehook.__qualname__
+
+
+def test_a_forked_rank_keeps_its_stops_from_finalisers():
+    """A forked rank's unraisable hook is the one that sends a stop again. (In the real case the
+    finaliser, tqdm's bar's, ran after the rank's function had raised, with the traceback that
+    held it, so the hook stays with the handlers, never put back; that part is not seen from
+    ``fn``: 12 runs of the case, a vgg16 too large at --world-size 2, each gave one line.)"""
+    hook = "_stop_again_after_finalisers.<locals>.again"
+    assert run(_hook_of_a_rank, (), LaunchSpec(world_size=2)) == {0: hook, 1: hook}
 
 
 def _companion_timeout() -> float:

@@ -224,11 +224,14 @@ def _rank_main(
                 for signum in signals.STOPS:
                     if signum not in ignored:
                         signal.signal(signum, _exit_on_signal)
+                # as long as the handlers: a finaliser can take a stop after ``fn`` (tqdm's bar,
+                # freed with the traceback of the error that ended it)
+                sys.unraisablehook = _stop_again_after_finalisers(sys.unraisablehook)
                 return fn(*args)
             # Under torchrun or SLURM too: torchrun passes a SIGTERM or SIGHUP on to its ranks, whose
             # default action skipped the finally-blocks (a sweep lost its probe record). This process
             # is the caller's, so its handlers come back after ``fn``.
-            with signals.handled(signals.STOPS, _exit_on_signal):
+            with signals.handled(signals.STOPS, _exit_on_signal), _stops_kept_from_finalisers():
                 return fn(*args)
         except BaseException as exc:
             _record(error_dir, exc)  # before leaving the group wakes the peers with errors of their own
@@ -344,29 +347,48 @@ def _cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-FINALISER_RETRY_S = 0.01  # see _exit_on_signal
-
-
 def _exit_on_signal(signum: int, frame: Any) -> None:
     global _stopping
-    if _in_finaliser(frame):
-        # Python swallows an exception raised in a __del__, printing "Exception ignored in ..."
-        # (tqdm's bar, freed as a rank refused its batch while the launcher stopped the other),
-        # and the rank went on. The signal comes again once the finaliser is done.
-        threading.Timer(FINALISER_RETRY_S, os.kill, (os.getpid(), signum)).start()
-        return
     _stopping = True
     signals.ignore_further()  # one signal is enough; a second would interrupt cleanup
     raise SystemExit(128 + signum)
 
 
-def _in_finaliser(frame: Any) -> bool:
-    """Whether ``frame`` (a signal handler's) runs within an object's ``__del__``."""
-    while frame is not None:
-        if frame.f_code.co_name == "__del__":
-            return True
-        frame = frame.f_back
-    return False
+FINALISER_RETRY_S = 0.01  # see _stop_again_after_finalisers
+
+
+def _stop_again_after_finalisers(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    """An unraisable hook for a rank. A rank's stop (:func:`_exit_on_signal`'s SystemExit) raised
+    while a finaliser runs (a ``__del__``, such as tqdm's bar's, freed as a rank refused its batch
+    while the launcher stopped the other; a weakref callback; a generator's ``finally``) is one
+    Python prints ("Exception ignored in ...") and drops: the rank went on, deaf to further stop
+    signals. This keeps it from stderr, puts the signal's handler back and sends the signal again
+    from a daemon thread, to be taken once the finaliser is done; ``previous`` has the rest (the
+    launcher's side is :func:`_stops_in_finalisers`)."""
+
+    def again(unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        if not (_stopping and isinstance(exc, SystemExit) and _signal_name(exc.code)):
+            previous(unraisable)
+            return
+        signum = int(exc.code) - 128
+        signal.signal(signum, _exit_on_signal)
+        timer = threading.Timer(FINALISER_RETRY_S, os.kill, (os.getpid(), signum))
+        timer.daemon = True  # an exit under way does not wait for it
+        timer.start()
+
+    return again
+
+
+@contextlib.contextmanager
+def _stops_kept_from_finalisers() -> Iterator[None]:
+    """:func:`_stop_again_after_finalisers` for the block, the caller's hook after it."""
+    previous = sys.unraisablehook
+    sys.unraisablehook = _stop_again_after_finalisers(previous)
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
 
 
 def _record(error_dir: str | None, exc: BaseException) -> None:
