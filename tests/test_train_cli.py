@@ -193,6 +193,21 @@ def test_the_synthetic_memory_refusal_counts_each_splits_prototypes_and_a_batch(
     assert synthetic_memory_refusal(real, 4, 0, 4) is None
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_synthetic_images_are_checked_on_the_host_a_rank_share_of_a_global_batch_at_a_time(device) -> None:
+    """check_data, as a launch calls it: a rank of a world of 4 on this host takes 1000 of a global
+    batch of 4000 images of 256 MiB (250 GiB), one of a world of 4000 a single image (with the
+    prototypes, 2.75 GiB), on the CPU or on a GPU alike (the images are made on the host)."""
+    from commbench.bench.train import check_data
+    from commbench.trainers.loop import TrainConfig
+
+    shape = (("input_shape", (1, 8192, 8192)),)
+    config = TrainConfig(model="resnet18_cifar", global_batch=4000, model_options=shape, evaluate=False)
+    check_data(config, ranks_here=1, device=device, world=4000)
+    with pytest.raises(ValueError, match="a rank holds 10 class prototypes and a batch of 1000, 252.5 GiB"):
+        check_data(config, ranks_here=1, device=device, world=4)
+
+
 def test_the_input_memory_refusal_counts_the_resized_batch_of_every_rank() -> None:
     from commbench.trainers.loop import TrainConfig, input_memory_refusal
 
@@ -299,6 +314,12 @@ OOM_CASES = {
         "cuda",
         {"global_batch": 16},
         f"16 a rank (of --global-batch 16) of mlp {GPU} (lower --global-batch)",
+    ),
+    "global-over-search": (
+        "step",
+        "cuda",
+        {"global_batch": 16, "batch_size": 0},
+        "16) of mlp " + GPU + " (lower --global-batch)",
     ),
     "found": (
         "step",
