@@ -1087,3 +1087,14 @@ def test_a_tiny_run_is_labelled_with_what_it_ran(tmp_path):
     )
     (run,) = study.plan(study.load_study("wide", tmp_path), "tiny", tmp_path / "out")
     assert "widths=8" in run.argv and run.point == (("model-opt", {"widths": 8}),)
+
+
+@pytest.mark.parametrize("given, prefix", [(" tiny\n", "tiny-01-"), ("", "01-"), ("  ", "01-")])
+def test_the_scale_variable_is_read_as_the_other_commbench_variables(
+    monkeypatch, capsys, tmp_path, given, prefix
+):
+    """Spaces stripped and empty taken for unset: " tiny" and "" were "unknown scale", exit 2."""
+    monkeypatch.setenv("COMMBENCH_STUDY_SCALE", given)
+    assert main(["study", "000_backbones", "--dry-run", "-o", str(tmp_path / "s")]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert f"/runs/{prefix}backbone.jsonl" in first, first

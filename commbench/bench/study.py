@@ -1391,7 +1391,10 @@ def run(args: argparse.Namespace) -> int:
         return 2 if bad else 0
     if not args.name:
         raise ValueError(f"give a study name; known: {', '.join(known_studies())}")
-    scale = "full" if args.full else "tiny" if args.tiny else os.environ.get(SCALE_ENV, "default")
+    # as the other COMMBENCH_ variables: spaces stripped, empty taken for unset
+    scale = (
+        "full" if args.full else "tiny" if args.tiny else os.environ.get(SCALE_ENV, "").strip() or "default"
+    )
     config = StudyConfig(
         name=args.name, scale=scale, out_dir=args.output, quiet=args.quiet, resume=args.resume
     )
