@@ -620,6 +620,15 @@ def index_memory_refusal(samples: int, ranks: int, memory_bytes: int) -> str | N
     )
 
 
+def _least_batch(config: TrainConfig, world: int) -> tuple[int, str]:
+    """The least batch a rank of ``world`` holds, known before it starts, and the option that sets
+    it: a global batch's floor share (it overrides --batch-size), or --batch-size (0, searched
+    for, is at least one)."""
+    if config.global_batch:
+        return per_rank_batch(config.global_batch, world), "--global-batch"
+    return config.batch_size or 1, "--batch-size"
+
+
 def synthetic_memory_refusal(config: TrainConfig, ranks: int, memory_bytes: int, world: int) -> str | None:
     """Why ``ranks`` ranks (of ``world``) on one host cannot hold synthetic images of
     ``config.input_shape()`` in ``memory_bytes``, or None where they can (or the data is real):
@@ -634,11 +643,10 @@ def synthetic_memory_refusal(config: TrainConfig, ranks: int, memory_bytes: int,
     image = math.prod(shape) * 4
     classes = DatasetConfig.num_classes
     splits = 2 if config.evaluate else 1
-    batch = per_rank_batch(config.global_batch, world) if config.global_batch else config.batch_size or 1
+    batch, option = _least_batch(config, world)
     held = (classes * splits + batch) * image
     if held * ranks <= memory_bytes:
         return None
-    option = "--global-batch" if config.global_batch else "--batch-size"
     return (
         f"option input_shape={','.join(map(str, shape))}: an image is {amount(image)}, and a rank holds "
         f"{classes * splits} class prototypes and a batch of {batch}, {amount(held)}, "
@@ -702,10 +710,7 @@ def input_memory_refusal(
     side = dict(config.model_options).get("image_size", BackboneOptions.image_size)
     if type(side) is not int or side < 1:  # refused where the model is built, in its own words
         return None
-    if config.global_batch:  # it overrides --batch-size: each rank's floor share
-        batch, option = per_rank_batch(config.global_batch, world), "--global-batch"
-    else:
-        batch, option = config.batch_size or 1, "--batch-size"  # 0: searched for, at least one
+    batch, option = _least_batch(config, world)
     per_rank = batch * 3 * side * side * 4  # three float32 channels
     need = per_rank * ranks
     if need <= memory_bytes:
