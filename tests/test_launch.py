@@ -769,7 +769,11 @@ FINALISERS = {
 
 @pytest.mark.parametrize(
     "finaliser, sig",
-    [("del", signal.SIGTERM), ("weakref", signal.SIGTERM), ("generator", signal.SIGINT)],
+    [
+        ("del", signal.SIGTERM),
+        pytest.param("weakref", signal.SIGTERM, marks=pytest.mark.slow),  # del's path (CI's ten minutes)
+        ("generator", signal.SIGINT),
+    ],
     ids=["del", "weakref", "generator-SIGINT"],
 )
 def test_a_stop_signal_that_lands_in_a_finaliser_ends_the_rank_after_it(finaliser, sig):
