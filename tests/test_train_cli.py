@@ -297,6 +297,12 @@ def _wrapped(kind: str) -> BaseException:
         return torch.OutOfMemoryError(
             f"Caught OutOfMemoryError in replica 1 on device 1.\nOriginal {trace}{OOM}"
         )
+    if kind == "cublas":  # a full GPU met where cuBLAS makes its handle, or in dp's replica
+        return RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+    if kind == "cudnn":
+        return RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")
+    if kind == "runtime":
+        return RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported")
     return RuntimeError("Expected all tensors to be on the same device")
 
 
@@ -340,6 +346,19 @@ OOM_CASES = {
         f"copies side by side, {HOST} (choose a smaller model or --model-opt, or fewer",
     ),
     "search's-model": ("searched", "cuda", {"batch_size": 0}, f"model mlp {GPU} (choose a smaller model"),
+    "cublas": (
+        "step",
+        "cublas",
+        {"batch_size": 16},
+        "a batch of 16 of mlp does not fit in the GPU's memory: CUBLAS_STATUS_ALLOC_FAILED (lower",
+    ),
+    "cudnn": (
+        "built",
+        "cudnn",
+        {"batch_size": 16},
+        "model mlp does not fit in the GPU's memory: CUDNN_STATUS",
+    ),
+    "cuda-runtime": ("step", "runtime", {"batch_size": 16}, "GPU's memory: CUDA error: out of memory (lower"),
     "other": ("step", "other", {"batch_size": 16}, None),
 }
 
@@ -379,6 +398,16 @@ def test_an_allocations_failure_is_a_refusal_of_the_batch_or_the_model(
         assert message == "Expected all tensors to be on the same device"
     else:
         assert said in message and "\n" not in message, message
+
+
+def test_the_batch_search_takes_a_librarys_full_gpu_for_a_batch_that_does_not_fit() -> None:
+    """The search's trial step caught CUDA's own error alone: cuBLAS failing to make its handle at
+    a large trial batch ended the search, and was then blamed on the model."""
+    from commbench.trainers.loop import gpu_out_of_memory
+
+    full = {kind: gpu_out_of_memory(_wrapped(kind)) for kind in ("cuda", "cublas", "cudnn", "runtime")}
+    assert full == dict.fromkeys(full, True)
+    assert not gpu_out_of_memory(_wrapped("cpu")) and not gpu_out_of_memory(_wrapped("other"))
 
 
 def test_the_model_memory_refusal_counts_every_rank_and_what_each_holds() -> None:

@@ -808,8 +808,10 @@ def find_max_batch(
             optimizer.step()
             torch.cuda.synchronize(device)
             return torch.cuda.max_memory_reserved(device) <= budget
-        except torch.OutOfMemoryError:
-            return False
+        except RuntimeError as exc:  # torch.OutOfMemoryError is one
+            if gpu_out_of_memory(exc):
+                return False
+            raise
         finally:
             optimizer.zero_grad(set_to_none=True)
             optimizer.state.clear()
@@ -821,12 +823,25 @@ def find_max_batch(
     return found
 
 
+# What a full GPU raises outside torch's caching allocator, as a RuntimeError: cuBLAS or cuDNN
+# failing to allocate a handle or workspace, or the CUDA runtime's own allocation error.
+GPU_LIBRARY_OOM = re.compile(
+    r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|CUDA error: out of memory"
+)
+
+
+def gpu_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is a full GPU's: CUDA's out-of-memory error or a library's (GPU_LIBRARY_OOM)."""
+    return isinstance(exc, torch.OutOfMemoryError) or GPU_LIBRARY_OOM.search(str(exc)) is not None
+
+
 def refuse_out_of_memory(config: TrainConfig, batch: int | None, exc: BaseException) -> None:
     """An allocation that failed, raised as a refusal (ValueError) in one line that says what to
     change: of the batch, where it failed in training, or of the model (``batch`` None), where it
     failed as the trainers were built, before any batch. Any other error returns, for the caller
     to raise. CUDA's out-of-memory error (found in the error or what it was raised from, as the
-    ring's thread and dp's replicas pass it on) gives the size torch could not have; the CPU
+    ring's thread and dp's replicas pass it on) gives the size torch could not have; cuBLAS's,
+    cuDNN's or the CUDA runtime's (:data:`GPU_LIBRARY_OOM`), their status; the CPU
     allocator's, the bytes it could not have (a 257 GB vgg16 layer: exit 1, in the allocator's
     words). Where several strategies train side by side, each holds its own model."""
     from commbench.units import amount
@@ -837,10 +852,13 @@ def refuse_out_of_memory(config: TrainConfig, batch: int | None, exc: BaseExcept
     cuda = next((e for e in chain if isinstance(e, torch.OutOfMemoryError)), None)
     text = " ".join(str(exc).split())
     cpu = re.search(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes", text)
+    library = next(filter(None, (GPU_LIBRARY_OOM.search(str(e)) for e in chain)), None)
     if cuda is not None:
         memory, what = "the GPU's memory", "CUDA out of memory"
         asked = re.search(r"Tried to allocate ([\d.]+ [KMGTP]?i?B)", " ".join(str(cuda).split()))
         what += f", tried to allocate {asked[1]}" if asked else ""
+    elif library is not None:
+        memory, what = "the GPU's memory", library[0]
     elif cpu is not None:
         memory, what = "the host's memory", f"{amount(int(cpu[1]))} could not be allocated"
     else:
