@@ -256,8 +256,40 @@ def test_cifar10_reads_python_pickles(tmp_path: Path) -> None:
             ),
             "data_batch_2: labels must be integers, got float64",
         ),
+        # a uint64 label past int64's range was called negative once cast
+        (
+            lambda d: d.joinpath("data_batch_3").write_bytes(
+                pickle.dumps(
+                    {b"data": np.zeros((2, 3072), np.uint8), b"labels": np.array([1, 2**64 - 1], np.uint64)}
+                )
+            ),
+            "data_batch_3: label 18446744073709551615 outside 0..9",
+        ),
+        (
+            lambda d: d.joinpath("data_batch_4").write_bytes(
+                pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": [3, -2]})
+            ),
+            "data_batch_4: label -2 outside 0..9",
+        ),
+        (
+            lambda d: d.joinpath("data_batch_1").write_bytes(
+                pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": [10, 0]})
+            ),
+            "data_batch_1: label 10 outside 0..9",
+        ),
     ],
-    ids=["missing", "garbage", "not-dict", "shape", "labels", "labels-not-a-list", "labels-fractional"],
+    ids=[
+        "missing",
+        "garbage",
+        "not-dict",
+        "shape",
+        "labels",
+        "labels-not-a-list",
+        "labels-fractional",
+        "label-uint64",
+        "label-negative",
+        "label-past-the-classes",
+    ],
 )
 def test_cifar10_damaged_files_raise_value_error(tmp_path: Path, damage, message: str) -> None:
     write_cifar10(tmp_path)

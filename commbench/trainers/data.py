@@ -260,6 +260,10 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"{path}: 'labels' must list one label per image ({len(data)})")
     if len(label_array) and label_array.dtype.kind not in "iu":  # floats were cut to integers
         raise ValueError(f"{path}: labels must be integers, got {label_array.dtype} values")
+    if len(label_array):  # before the cast, which turned a uint64 past int64's range negative
+        low, high = int(label_array.min()), int(label_array.max())
+        if low < 0 or high >= NUM_CLASSES_REAL:
+            raise ValueError(f"{path}: label {low if low < 0 else high} outside 0..{NUM_CLASSES_REAL - 1}")
     return data, label_array.astype(np.int64)
 
 
@@ -270,9 +274,6 @@ def load_cifar10(data_dir: str | os.PathLike[str], *, train: bool) -> Normalized
     batches = [_read_cifar_batch(p) for p in paths]
     images = torch.from_numpy(np.concatenate([d for d, _ in batches])).view(-1, *CIFAR10_SHAPE)
     labels = torch.from_numpy(np.concatenate([ls for _, ls in batches]))
-    if len(labels) and int(labels.min()) < 0:
-        raise ValueError(f"{batch_dir}: negative label {int(labels.min())}")
-    _check_labels(labels, batch_dir)
     return NormalizedImages(images, labels, CIFAR10_MEAN, CIFAR10_STD)
 
 
