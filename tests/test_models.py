@@ -249,6 +249,9 @@ def test_parse_model_options_types() -> None:
     }
     assert type(options["hidden"]) is int and type(options["batch_norm"]) is bool
     assert parse_model_options([]) == {}
+    # a file path is a path, whatever it looks like (1.5 was refused as 'must be a file path')
+    for name in ("1.5", "true", "2048,2048", "7"):
+        assert parse_model_options([f"weights={name}"]) == {"weights": name}
 
 
 def test_parsed_options_build_models() -> None:

@@ -520,11 +520,14 @@ def _parse_value(text: str) -> Any:
     return text
 
 
+PATH_OPTIONS = frozenset({"weights"})  # weights=1.5 names a file called 1.5
+
+
 def parse_model_options(items: Sequence[str]) -> dict[str, Any]:
     """Turn CLI ``KEY=VALUE`` strings into ``build_model`` keyword arguments.
 
     Values become bools (true/false), ints, floats, int lists (``widths=2048,2048``) or strings,
-    in that order of preference.
+    in that order of preference; a file path (``weights``) stays as given, whatever it looks like.
 
     Raises:
         ValueError: an item without ``=``, with an empty key or value, or a repeated key.
@@ -538,5 +541,5 @@ def parse_model_options(items: Sequence[str]) -> dict[str, Any]:
             raise ValueError(f"model option {item!r} is not KEY=VALUE")
         if key in options:
             raise ValueError(f"model option {key} given twice ({item!r})")
-        options[key] = _parse_value(value)
+        options[key] = value if key in PATH_OPTIONS else _parse_value(value)
     return options
