@@ -201,6 +201,26 @@ def test_backbone_loads_local_weights(tmp_path) -> None:
         build_model("squeezenet1_0", weights=str(tmp_path / "other.pth"))
 
 
+def test_another_models_weights_are_refused_in_a_short_line(tmp_path) -> None:
+    """Another model's file gave torch's list of every key: a line of hundreds of characters."""
+    path = tmp_path / "r18.pth"
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), path)
+    with pytest.raises(ValueError) as caught:
+        build_model("alexnet", weights=str(path))
+    said = str(caught.value)
+    assert said == (
+        f"alexnet weights: {path} does not fit torchvision's alexnet: 16 of its 16 entries missing "
+        "(features.0.weight, features.0.bias, features.3.weight, ...); 122 entries not its own "
+        "(conv1.weight, bn1.weight, bn1.bias, ...)"
+    )
+    state = torchvision.models.alexnet(weights=None, num_classes=5).state_dict()  # a head of 5 classes
+    torch.save(state, path)
+    with pytest.raises(
+        ValueError, match=r"2 of another shape \(classifier.6.weight: \(5, 4096\) where the model"
+    ):
+        build_model("alexnet", weights=str(path))
+
+
 @pytest.mark.parametrize(
     "state, said",
     [

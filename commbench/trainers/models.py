@@ -293,6 +293,9 @@ def _load_weights(model: nn.Module, name: str, path: str) -> None:
             raise ValueError(
                 f"{name} weights: {file} holds a {kind} tensor at {key}; a model's are dense and real"
             )
+    mismatch = _state_mismatch(model.state_dict(), state)
+    if mismatch:  # torch's message lists every key, hundreds of characters for another model's file
+        raise ValueError(f"{name} weights: {file} does not fit torchvision's {name}: {mismatch}")
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
@@ -300,6 +303,28 @@ def _load_weights(model: nn.Module, name: str, path: str) -> None:
         raise ValueError(
             f"{name} weights: {file} does not fit torchvision's {name}: {detail[1] if len(detail) > 1 else e}"
         ) from e
+
+
+def _state_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor]) -> str:
+    """How ``given`` departs from a model's state dict ``expected``, a few names of each kind; ''
+    where every entry is there, in its shape, and nothing else is."""
+
+    def some(keys: list[str]) -> str:
+        return ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
+
+    missing = [k for k in expected if k not in given]
+    extra = [k for k in given if k not in expected]
+    reshaped = [k for k in expected if k in given and given[k].shape != expected[k].shape]
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} of its {len(expected)} entries missing ({some(missing)})")
+    if extra:
+        parts.append(f"{len(extra)} entries not its own ({some(extra)})")
+    if reshaped:
+        k = reshaped[0]
+        shapes = f"{tuple(given[k].shape)} where the model has {tuple(expected[k].shape)}"
+        parts.append(f"{len(reshaped)} of another shape ({k}: {shapes})")
+    return "; ".join(parts)
 
 
 def _torchvision_models() -> Any:
