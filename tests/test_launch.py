@@ -978,6 +978,38 @@ def test_a_distributed_error_after_the_join_is_not_called_a_failure_to_join(monk
         run(_world, (), LaunchSpec(world_size=1, timeout_s=10))
 
 
+def _a_peer_is_lost() -> None:
+    raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242\nmore")
+
+
+def _bad_input() -> None:
+    raise ValueError("sizes must be > 0")
+
+
+def test_any_other_error_in_a_rank_of_torchruns_is_its_failure_in_one_line(monkeypatch):
+    """Under torchrun, a rank whose peer died mid-run printed gloo's RuntimeError with its whole
+    traceback, where this launcher's ranks say "rank N failed: ..." in one line; bad input is still
+    the CLI's to refuse (exit 2)."""
+    from tests.world import free_port
+
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    for name, value in {**env, "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(name, value)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(RankFailed) as caught:
+            run(_a_peer_is_lost, (), LaunchSpec(world_size=1, timeout_s=10))
+        assert str(caught.value) == (
+            "rank 0 failed: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+            "[127.0.0.1]:4242"
+        )
+        with pytest.raises(ValueError, match="sizes must be > 0"):
+            run(_bad_input, (), LaunchSpec(world_size=1, timeout_s=10))
+    finally:
+        torch.set_num_threads(threads)
+    assert not dist.is_initialized()
+
+
 def _rank_one_is_stopped() -> None:
     if dist.get_rank() == 1:
         os.kill(os.getpid(), signal.SIGTERM)  # `kill PID` of one rank

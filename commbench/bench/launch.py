@@ -445,6 +445,15 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
                 f"(RANK and WORLD_SIZE, or SLURM's variables, are set, so this process is taken "
                 f"for one rank of a launched job): {type(exc).__name__}: {first}",
             ) from None
+        except (ValueError, TypeError, OSError, RankFailed, Interrupted):
+            raise  # bad input (exit 2), the file system's refusal, a launch's: the CLI says each in one line
+        except Exception as exc:
+            # Any other error in the rank, as this launcher's own ranks report it: gloo's lost peer
+            # ("Connection closed by peer", a RuntimeError) printed its traceback, 50 lines a rank.
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise RankFailed(
+                rank, f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+            ) from None
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
