@@ -240,6 +240,41 @@ def test_a_one_process_run_under_an_outer_launcher_of_one_is_checked_against_its
         study.validate(runs)
 
 
+def _outer_launcher(monkeypatch, rank: int, world: int) -> None:
+    outer = {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9"}
+    for key, value in outer.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_under_an_outer_launcher_a_run_of_another_world_is_refused_before_any_runs(tmp_path, monkeypatch):
+    """Study 004's run at --world-size 1 under torchrun's 2 processes passed the check, then failed
+    in the run ('disagrees with the launcher's world'), and both ranks wrote a report of it."""
+    runs = study.plan(study.load_study("004_batch_scaling"), "tiny", tmp_path / "out")
+    _outer_launcher(monkeypatch, 0, 2)
+    with pytest.raises(ValueError, match="run 1 .*--world-size 1 disagrees with the launcher's world of 2"):
+        study.validate(runs)
+
+
+def test_under_an_outer_launcher_rank_0_alone_writes_the_study(tmp_path, monkeypatch, capsys):
+    """Every rank of torchrun's wrote report.md, report.html, the plots and progress.jsonl, over
+    one another; the others run the runs (they are ranks of each) and write nothing of their own."""
+    started, execute = _counting({})
+    _outer_launcher(monkeypatch, 1, 2)
+    config = study.StudyConfig(
+        name="001_sync_strategies", scale="tiny", out_dir=str(tmp_path / "s"), quiet=True
+    )
+    result = study.run_study(config, execute=execute)
+    assert len(started) == 1 and [o.returncode for o in result.outcomes] == [0] and result.report is None
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(ValueError, match="--resume under torchrun or SLURM"):
+        study.run_study(dataclasses.replace(config, resume=True), execute=execute)
+    assert len(started) == 1
+    args = build_parser().parse_args(["study", "001_sync_strategies", "--tiny", "-o", str(tmp_path / "s")])
+    monkeypatch.setattr(study, "run_study", lambda *a, **k: result)
+    assert study.run(args) == 0
+    assert capsys.readouterr().out == "rank 0 writes the report (this is rank 1)\n"
+
+
 def test_unknown_study_lists_the_known_ones(capsys):
     assert main(["study", "no-such-study"]) == 2
     err = capsys.readouterr().err

@@ -468,6 +468,13 @@ def validate(planned: Sequence[Planned]) -> list[Planned]:
                     hosts = cluster.config_from_args(args)
                     world = hosts.hosts
                     args = _parsed(parser, [*hosts.inner, "--world-size", "1"])
+                outer = starter.launched_externally() and args.command != "cluster"
+                if outer and getattr(args, "world_size", None) is not None:
+                    world = cli.external_rank_and_world()[1]  # the runs join the outer launcher's world
+                    if args.world_size != world:  # as the run itself refuses it, after the others
+                        raise ValueError(
+                            f"--world-size {args.world_size} disagrees with the launcher's world of {world}"
+                        )
                 if args.command in ("train", "compare"):
                     from commbench.bench import train
 
@@ -615,20 +622,31 @@ def run_study(
     planned = plan(study, config.scale, out, cluster_ok=why_not is None)
     clustered = {g.label for g in study.groups if g.cluster}
     check_cuda(validate(planned), len(planned), config.scale)
+    from commbench.bench import starter
+    from commbench.bench.launch import writes_outputs
+
+    writes = writes_outputs()  # under torchrun or SLURM rank 0 alone, as for each run's records
+    if config.resume and starter.launched_externally():
+        raise ValueError(
+            "--resume under torchrun or SLURM: each rank would keep the runs its own node's DIR "
+            "holds, and the ranks would then run different runs; start the study over, or run it "
+            "without the launcher"
+        )
     try:
-        done, others = _finished(out, planned)
+        done, others = _finished(out, planned) if writes else ({}, [])
     except ValueError:
         if config.resume:
             raise
         done, others = {}, []  # a start over: an unreadable progress file is replaced
     if not config.resume:  # its own runs all run again; other scales' are kept for their --resume
         done = {}
-    try:
-        (out / "runs").mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"cannot create {out / 'runs'}: {exc.strerror}") from None
-    for name in ("report.md", "report.html"):  # written once every run is done: refused before any
-        rp.check_target(out / name, "the study's report")
+    if writes:
+        try:
+            (out / "runs").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"cannot create {out / 'runs'}: {exc.strerror}") from None
+        for name in ("report.md", "report.html"):  # written once every run is done: refused before any
+            rp.check_target(out / name, "the study's report")
     outcomes: list[Outcome] = []
     stopped = None
 
@@ -643,7 +661,9 @@ def run_study(
     # is a stop like one between runs, and leaves the earlier start's file as it was.
     with _signals_interrupt() as arm, contextlib.ExitStack() as files:
         try:
-            progress = files.enter_context(_restart_progress(out, done.values(), others))
+            progress = files.enter_context(
+                _restart_progress(out, done.values(), others) if writes else open(os.devnull, "w")
+            )
             for p in planned:
                 if p.index in done:
                     if on_kept is not None:
@@ -681,6 +701,8 @@ def run_study(
         ran = {o.planned.index for o in outcomes}
         outcomes += [o for i, o in done.items() if i not in ran]  # kept, though the loop stopped first
         outcomes.sort(key=lambda o: o.planned.index)
+        if not writes:  # another rank of the launcher's: rank 0 writes the report
+            return StudyResult(planned=planned, outcomes=outcomes, report=None, stopped=stopped)
         try:
             md, _ = write_study_report(study, config.scale, outcomes, out, planned=planned, stopped=stopped)
         except Interrupted as exc:  # a signal while the report was written: the records stay
@@ -1430,7 +1452,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return result.stopped
-    assert md is not None  # None only where a signal stopped the study
     failed = [o for o in outcomes if o.returncode != 0]
+    if md is None:  # another rank of torchrun's or SLURM's (a signal stopped the study above)
+        from commbench.bench import cli
+
+        print(f"rank 0 writes the report (this is rank {cli.external_rank_and_world()[0]})")
+        return 1 if failed else 0
     print(f"report: {md}  {md.with_suffix('.html')}" + (f"  ({len(failed)} run(s) failed)" if failed else ""))
     return 1 if failed else 0
