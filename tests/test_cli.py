@@ -1795,6 +1795,26 @@ def test_the_demo_under_a_launcher_is_refused(monkeypatch, capsys, tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["bandwidth", "--size", "4K", "--iters", "1", "--json", "bw.jsonl"], "runs in one process"),
+        (["profile", "-o", "prof", "--", "sweep", "-b", "1K", "-e", "1K"], "starts the command it profiles"),
+    ],
+    ids=["bandwidth", "profile"],
+)
+def test_one_process_commands_under_a_launcher_are_refused(monkeypatch, capsys, tmp_path, argv, said):
+    """Under torchrun, bandwidth measured in every rank, each writing the one --json file; profile
+    saw no rank and every rank wrote the one directory's summary."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err and "run it without the launcher" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_plot_format_that_needs_latex_is_refused_before_the_run():
     """--plot out.pgf ran the whole sweep, then failed without xelatex (exit 1)."""
     from commbench.bench.records import check_outputs

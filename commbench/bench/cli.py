@@ -790,6 +790,17 @@ def _main(argv: list[str] | None) -> int:
             return cmd_sweep(sweep_config(args), launch_spec(args), args.plot, args.command_line)
         if args.command == "summary":
             return cmd_summary(args.files, args.across)
+        if args.command in ("bandwidth", "profile") and launch.launched_externally():
+            what, into = (
+                ("runs in one process", "one --json file")
+                if args.command == "bandwidth"
+                else ("starts the command it profiles, and its ranks", "one directory")
+            )
+            raise ValueError(
+                f"commbench {args.command} {what}, but RANK and WORLD_SIZE (or SLURM's variables) are "
+                f"set, as torchrun and srun set them: each rank would run it on its own, into {into}; "
+                "run it without the launcher"
+            )
         if args.command in ("report", "study", "profile"):
             from commbench.bench import profile, reporting, study
 
