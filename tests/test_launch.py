@@ -1010,6 +1010,63 @@ def test_any_other_error_in_a_rank_of_torchruns_is_its_failure_in_one_line(monke
     assert not dist.is_initialized()
 
 
+def test_ranks_of_torchrun_started_with_other_options_each_refuse_naming_the_first(monkeypatch):
+    """Each node parses its own command line: another -e on one node left rank 0 finishing its own
+    sweep while rank 1 failed in gloo, and another --strategy aborted a rank in C++. Where rank 0
+    writes, a node's data and weights files, and how it prints may differ."""
+    import dataclasses
+
+    from commbench.bench.launch import check_same_work
+    from commbench.bench.sweep import SweepConfig
+    from commbench.trainers.loop import TrainConfig
+    from tests.world import free_port
+
+    # A rank of torchrun's runs the check once it has joined the group, before the work.
+    config, spec = SweepConfig(), LaunchSpec(world_size=1, timeout_s=10)
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    for name, value in {**env, "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(name, value)
+    checked = []
+    monkeypatch.setattr(launch, "check_same_work", lambda args: checked.append((dist.is_initialized(), args)))
+    threads = torch.get_num_threads()
+    try:
+        assert run(lambda c: dist.get_world_size(), (config,), spec) == {0: 1}
+    finally:
+        torch.set_num_threads(threads)
+    assert checked == [(True, (config,))]
+
+    def ranks(*configs):
+        """check_same_work on rank 0 of a world whose ranks gave ``configs``."""
+        monkeypatch.setattr(dist, "get_world_size", lambda: len(configs))
+        monkeypatch.setattr(dist, "get_rank", lambda: 0)
+        works = [launch.work_of((c, "cpu", None, "commbench ...")) for c in configs]
+        monkeypatch.setattr(dist, "all_gather_object", lambda out, mine: out.__setitem__(slice(None), works))
+        check_same_work((configs[0], "cpu", None, "commbench ..."))
+
+    sweep = SweepConfig(max_bytes=1 << 16, json_path="a.jsonl")
+    ranks(sweep, dataclasses.replace(sweep, json_path="/elsewhere/b.jsonl", csv_path="b.csv", quiet=True))
+    with pytest.raises(ValueError) as caught:
+        ranks(sweep, sweep, dataclasses.replace(sweep, max_bytes=1 << 20))
+    assert str(caught.value) == (
+        "the ranks were started with other options: max_bytes is 65536 on rank 0 and 1048576 on rank 2 "
+        "(give every node the same command)"
+    )
+    train = TrainConfig(
+        strategies=("ring",),
+        model="resnet18",
+        dataset="cifar10",
+        data_dir="/a",
+        model_options=(("weights", "/a/w.pth"), ("hidden", 8)),
+    )
+    ranks(
+        train,
+        dataclasses.replace(train, data_dir="/b", model_options=(("weights", "/b/w.pth"), ("hidden", 8))),
+    )
+    for other in ({"strategies": ("naive",)}, {"model_options": (("hidden", 16),)}, {"batch_size": 32}):
+        with pytest.raises(ValueError, match=f"options: {next(iter(other))} is "):
+            ranks(train, dataclasses.replace(train, **other))
+
+
 def _rank_one_is_stopped() -> None:
     if dist.get_rank() == 1:
         os.kill(os.getpid(), signal.SIGTERM)  # `kill PID` of one rank

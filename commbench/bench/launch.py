@@ -217,6 +217,8 @@ def _rank_main(
             with _interrupt_ends_at_once(error_dir is None):
                 p2p.prepare(None)
             _joined = True
+            if error_dir is None:  # each node parsed its own command line; this launcher's ranks share one
+                check_same_work(args)
             if error_dir is not None:
                 # Ctrl-C reaches every rank: leave quietly (finally-blocks still flush finished records).
                 # So does a closed terminal's SIGHUP: its default action skipped the exit's clean-up,
@@ -250,6 +252,50 @@ def _rank_main(
             # rank's error is likely that peer's lost connection: it ends a moment after the peer.
             time.sleep(FAILED_RANK_LINGER_S)
         raise SystemExit(1) from None
+
+
+# What may differ between the nodes of one run: where rank 0 writes (the others write nothing), a
+# node's own dataset and weights files, and how each prints or samples.
+PER_NODE = frozenset({"json_path", "csv_path", "plot_path", "data_dir", "quiet", "probe_interval_s"})
+
+
+def work_of(args: tuple) -> dict[str, Any]:
+    """The options of a run that every rank must share, from the configurations in ``args``: a
+    sweep's or a training's fields, less :data:`PER_NODE` and a model's ``weights`` file."""
+    import dataclasses
+
+    work: dict[str, Any] = {}
+    for config in args:
+        if not dataclasses.is_dataclass(config):
+            continue
+        for field in dataclasses.fields(config):
+            if field.name in PER_NODE:
+                continue
+            value = getattr(config, field.name)
+            if field.name == "model_options":
+                value = tuple((k, v) for k, v in value if k != "weights")
+            work[field.name] = value
+    return work
+
+
+def check_same_work(args: tuple) -> None:
+    """ValueError on every rank where the ranks of torchrun's or SLURM's were started with other
+    options, naming the first that differs. Each node parses its own command line: with another -e
+    or --strategy on one node, the ranks sent messages of other sizes or to other peers, and rank 0
+    finished a sweep of its own sizes while rank 1 failed in gloo, or a rank aborted in C++."""
+    mine = work_of(args)
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    for rank, theirs in enumerate(everyone):
+        if theirs == mine:
+            continue
+        name = next((k for k in mine if mine[k] != theirs.get(k)), None) or next(
+            iter(theirs.keys() - mine.keys())
+        )
+        raise ValueError(
+            f"the ranks were started with other options: {name} is {mine.get(name)!r} on rank "
+            f"{dist.get_rank()} and {theirs.get(name)!r} on rank {rank} (give every node the same command)"
+        )
 
 
 @contextlib.contextmanager
