@@ -459,6 +459,22 @@ def test_a_directory_where_a_plot_goes_is_refused_in_one_line(tmp_path, capsys, 
     )
 
 
+@pytest.mark.parametrize("given", ["input", "baseline"])
+def test_a_records_file_where_the_report_goes_is_refused_not_replaced(tmp_path, capsys, given):
+    """``report -o DIR DIR/report.md`` read the records, then wrote the report over them (exit 0)."""
+    out = tmp_path / "rep"
+    out.mkdir()
+    kept = out / "report.md"
+    kept.write_text(_SWEEP)
+    other = tmp_path / "s.jsonl"
+    other.write_text(_SWEEP)
+    files = [str(kept)] if given == "input" else [str(other), "--baseline", str(kept)]
+    assert main(["report", *files, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"commbench: error: {kept} is read, and {kept} would replace it: give another -o\n"
+    assert kept.read_text() == _SWEEP and not (out / "report.html").exists()
+
+
 def test_what_matplotlib_says_of_odd_values_stays_out_of_the_report_output(tmp_path, capsys):
     """A strategy named "" drew 'No artists with labels found to put in legend' on stderr."""
     path = tmp_path / "s.jsonl"

@@ -1131,6 +1131,10 @@ def build(config: ReportConfig) -> tuple[Path, Path]:
         raise ValueError(f"cannot create {out}: {exc.strerror}") from None
     for name in ("report.md", "report.html"):  # before the plots: a refused report draws nothing
         check_target(out / name, "the report")
+        for given in (*config.inputs, *config.baselines):  # it was replaced by the report, without a word
+            with contextlib.suppress(OSError):
+                if os.path.samefile(given, out / name):
+                    raise ValueError(f"{given} is read, and {out / name} would replace it: give another -o")
     return write_report(report_blocks(runs, out, baselines, config.title), out, config.title)
 
 
