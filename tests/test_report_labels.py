@@ -61,6 +61,10 @@ def test_the_table_ends_with_the_wrong_elements_and_each_series_mean_busbw():
         "# wrong elements: 786432 FAILED",
         "# avg busbw (GB/s, mean over 2 sizes): builtin 2.000  ring 2.000  limit 3.000",
     ]
+    # a series measured at fewer sizes (the file's last line cut short) says how many
+    assert report.table_footer(two_sizes[:-1]).splitlines()[-1] == (
+        "# avg busbw (GB/s, mean over 2 sizes): builtin 2.000  ring 2.000  limit 2.000 (1 size)"
+    )
     assert report.table_footer(SENDRECV).splitlines() == [
         "# wrong elements: 0 OK",
         "# avg busbw (GB/s, mean over 1 size): p2p 0.500  p2p@1K 0.250",

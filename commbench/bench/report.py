@@ -95,7 +95,8 @@ def closing_lines(records: Sequence[Any]) -> list[str]:
     sizes (the plain mean, as nccl-tests' "Avg bus bandwidth", which is one figure over every
     series and both forms; a collective's is 0 at one rank, where nothing crosses a bus, while the
     limit's is a copy's). The count of sizes says where a file holds fewer than its sweep planned
-    (one cut short by a stop). Records of other types are left out."""
+    (one cut short by a stop); a series measured at fewer of them says how many. Records of other
+    types are left out."""
     rows = [r for r in map(_fields, records) if r.get("type") == "sweep"]
     busbw: dict[str, list[float]] = {}
     for r in rows:  # a file's record may lack a field (summary reads files written by hand too)
@@ -109,8 +110,14 @@ def closing_lines(records: Sequence[Any]) -> list[str]:
     else:
         total = sum(checked)
         wrong = f"{total} {'OK' if total == 0 else 'FAILED'}"
-    means = "  ".join(f"{name} {sum(v) / len(v):.3f}" if v else f"{name} -" for name, v in busbw.items())
     sizes = len({r.get("size_bytes") for r in rows})
+
+    def mean(v: list[float]) -> str:  # over fewer sizes, said so (a file whose last line was cut short)
+        return f"{sum(v) / len(v):.3f}" + (
+            f" ({len(v)} size{'s' * (len(v) != 1)})" if len(v) != sizes else ""
+        )
+
+    means = "  ".join(f"{name} {mean(v)}" if v else f"{name} -" for name, v in busbw.items())
     return [
         f"wrong elements: {wrong}",
         f"avg busbw (GB/s, mean over {sizes} size{'s' * (sizes != 1)}): {means}",
