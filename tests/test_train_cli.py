@@ -582,6 +582,12 @@ def test_a_one_process_strategy_under_torchrun_is_refused_without_naming_an_opti
     assert main(["train", "--strategy", "none", "--world-size", "2", "-q", "--no-probe"]) == 2
     err = capsys.readouterr().err
     assert err.endswith("not on 2 ranks: leave out --world-size, or give 1\n"), err
+    # beside a strategy that takes ranks, leaving it out gives the default of 2: no advice there
+    assert main(["compare", "--strategies", "ring,none", "-q", "--no-probe"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("none runs in one process, not on 2 ranks: give --world-size 1, or run it apart\n"), (
+        err
+    )
 
 
 @pytest.mark.slow

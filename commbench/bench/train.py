@@ -343,7 +343,13 @@ def check_launch(config: Any, world_size: int, device: str) -> None:
         if s in SINGLE_PROCESS and world_size > 1:
             raise ValueError(
                 f"strategy {s} runs in one process, not on {world_size} ranks: "
-                + ("start one process" if launched_externally() else "leave out --world-size, or give 1")
+                + (
+                    "start one process"
+                    if launched_externally()
+                    else "give --world-size 1, or run it apart"  # the others take the default of 2
+                    if not set(config.strategies) <= set(SINGLE_PROCESS)
+                    else "leave out --world-size, or give 1"
+                )
             )
         if s in CUDA_ONLY and device != "cuda":
             raise ValueError(f"strategy {s} needs --device cuda")
