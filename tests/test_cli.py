@@ -698,7 +698,7 @@ def test_one_sweeps_points_at_other_sizes_and_forms_pass(tmp_path, capsys):
     out = capsys.readouterr().out
     assert (
         "| 2048 |" in out
-        and "avg busbw (GB/s, mean over 2 sizes): builtin 1.000  ring 1.000  limit 1.000" in out
+        and "avg busbw (GB/s, mean over 2 sizes): builtin 1.000 (1 size)  ring 1.000  limit 1.000" in out
     )
 
 
