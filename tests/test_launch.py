@@ -953,20 +953,27 @@ def _a_store_wait_fails() -> None:
     raise dist.DistStoreError("wait timeout after 5000ms, keys: /peer")  # a peer that has gone
 
 
-def test_a_distributed_error_after_the_join_is_not_called_a_failure_to_join(monkeypatch):
-    """Under torchrun or SLURM every DistError was reported as "could not join the group ... (RANK
-    and WORLD_SIZE ... are set ...)", a lost peer's or NCCL's in the middle of a run too."""
+@pytest.fixture
+def rank_of_torchruns_one(monkeypatch):
+    """This process as rank 0 of a world of 1 that torchrun started (its variables set); torch's
+    thread count, which a launch sets, put back after."""
     from tests.world import free_port
 
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
     for name, value in {**env, "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(name, value)
     threads = torch.get_num_threads()
-    try:
-        with pytest.raises(RankFailed) as caught:
-            run(_a_store_wait_fails, (), LaunchSpec(world_size=1, timeout_s=10))
-    finally:
-        torch.set_num_threads(threads)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_distributed_error_after_the_join_is_not_called_a_failure_to_join(
+    monkeypatch, rank_of_torchruns_one
+):
+    """Under torchrun or SLURM every DistError was reported as "could not join the group ... (RANK
+    and WORLD_SIZE ... are set ...)", a lost peer's or NCCL's in the middle of a run too."""
+    with pytest.raises(RankFailed) as caught:
+        run(_a_store_wait_fails, (), LaunchSpec(world_size=1, timeout_s=10))
     assert str(caught.value) == "rank 0 failed: DistStoreError: wait timeout after 5000ms, keys: /peer"
     assert not dist.is_initialized()
 
@@ -986,31 +993,24 @@ def _bad_input() -> None:
     raise ValueError("sizes must be > 0")
 
 
-def test_any_other_error_in_a_rank_of_torchruns_is_its_failure_in_one_line(monkeypatch):
+def test_any_other_error_in_a_rank_of_torchruns_is_its_failure_in_one_line(rank_of_torchruns_one):
     """Under torchrun, a rank whose peer died mid-run printed gloo's RuntimeError with its whole
     traceback, where this launcher's ranks say "rank N failed: ..." in one line; bad input is still
     the CLI's to refuse (exit 2)."""
-    from tests.world import free_port
-
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-    for name, value in {**env, "MASTER_PORT": str(free_port())}.items():
-        monkeypatch.setenv(name, value)
-    threads = torch.get_num_threads()
-    try:
-        with pytest.raises(RankFailed) as caught:
-            run(_a_peer_is_lost, (), LaunchSpec(world_size=1, timeout_s=10))
-        assert str(caught.value) == (
-            "rank 0 failed: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer "
-            "[127.0.0.1]:4242"
-        )
-        with pytest.raises(ValueError, match="sizes must be > 0"):
-            run(_bad_input, (), LaunchSpec(world_size=1, timeout_s=10))
-    finally:
-        torch.set_num_threads(threads)
+    with pytest.raises(RankFailed) as caught:
+        run(_a_peer_is_lost, (), LaunchSpec(world_size=1, timeout_s=10))
+    assert str(caught.value) == (
+        "rank 0 failed: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+        "[127.0.0.1]:4242"
+    )
+    with pytest.raises(ValueError, match="sizes must be > 0"):
+        run(_bad_input, (), LaunchSpec(world_size=1, timeout_s=10))
     assert not dist.is_initialized()
 
 
-def test_ranks_of_torchrun_started_with_other_options_each_refuse_naming_the_first(monkeypatch):
+def test_ranks_of_torchrun_started_with_other_options_each_refuse_naming_the_first(
+    monkeypatch, rank_of_torchruns_one
+):
     """Each node parses its own command line: another -e on one node left rank 0 finishing its own
     sweep while rank 1 failed in gloo, and another --strategy aborted a rank in C++. Where rank 0
     writes, a node's data and weights files, and how it prints may differ."""
@@ -1019,20 +1019,12 @@ def test_ranks_of_torchrun_started_with_other_options_each_refuse_naming_the_fir
     from commbench.bench.launch import check_same_work
     from commbench.bench.sweep import SweepConfig
     from commbench.trainers.loop import TrainConfig
-    from tests.world import free_port
 
     # A rank of torchrun's runs the check once it has joined the group, before the work.
     config, spec = SweepConfig(), LaunchSpec(world_size=1, timeout_s=10)
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-    for name, value in {**env, "MASTER_PORT": str(free_port())}.items():
-        monkeypatch.setenv(name, value)
     checked = []
     monkeypatch.setattr(launch, "check_same_work", lambda args: checked.append((dist.is_initialized(), args)))
-    threads = torch.get_num_threads()
-    try:
-        assert run(lambda c: dist.get_world_size(), (config,), spec) == {0: 1}
-    finally:
-        torch.set_num_threads(threads)
+    assert run(lambda c: dist.get_world_size(), (config,), spec) == {0: 1}
     assert checked == [(True, (config,))]
 
     def ranks(*configs):
