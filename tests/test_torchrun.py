@@ -290,3 +290,63 @@ def test_a_rank_waiting_for_its_peers_ends_at_once_when_its_launcher_stops_it(tm
     finally:
         proc.kill()
     assert proc.returncode in (-sig, 128 + sig), err[-2000:]
+
+
+BLOCKED = """
+import sys, time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from commbench.bench import launch
+
+
+def wait_for_a_message(here):
+    (Path(here) / f"rank{dist.get_rank()}.ready").write_text("")
+    if dist.get_rank() == 0:
+        dist.recv(torch.empty(1), src=1)  # a C++ wait: rank 1 sends nothing
+    else:
+        time.sleep(60)
+
+
+launch.run(wait_for_a_message, (sys.argv[1],), launch.LaunchSpec(world_size=2, timeout_s=100))
+"""
+
+
+def test_a_rank_stopped_inside_a_wait_for_a_peer_ends_in_seconds_and_says_so(tmp_path):
+    """torchrun stops the other ranks when one dies: a rank waiting on the dead one's message (in
+    C++, where Python's handler cannot run) sat out the SIGTERM until torchrun's SIGKILL 30 s later,
+    with no word (here, until the group's timeout of 100 s)."""
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKED)
+    port = str(free_port())
+    procs = []
+    try:
+        for rank in (0, 1):
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            env |= {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(script), str(tmp_path)], env=env, stderr=subprocess.PIPE
+                )
+            )
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"rank{r}.ready").exists() for r in (0, 1)) and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in procs), "a rank ended before the wait"
+            time.sleep(0.1)
+        time.sleep(0.5)  # into the receive
+        stopped = time.monotonic()
+        procs[0].send_signal(signal.SIGTERM)
+        _, err = procs[0].communicate(timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[0].returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert (
+        err.decode().strip().splitlines()[-1]
+        == "commbench: rank 0 stopped by SIGTERM inside a wait for its peers"
+    )
+    assert took < 30  # the grace (5 s) and the exit; not the group's timeout

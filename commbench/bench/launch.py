@@ -233,7 +233,11 @@ def _rank_main(
             # Under torchrun or SLURM too: torchrun passes a SIGTERM or SIGHUP on to its ranks, whose
             # default action skipped the finally-blocks (a sweep lost its probe record). This process
             # is the caller's, so its handlers come back after ``fn``.
-            with signals.handled(signals.STOPS, _exit_on_signal), _stops_kept_from_finalisers():
+            with (
+                signals.handled(signals.STOPS, _exit_on_signal),
+                _stops_kept_from_finalisers(),
+                _stops_end_waits(),
+            ):
                 return fn(*args)
         except BaseException as exc:
             _record(error_dir, exc)  # before leaving the group wakes the peers with errors of their own
@@ -435,6 +439,51 @@ def _stops_kept_from_finalisers() -> Iterator[None]:
         yield
     finally:
         sys.unraisablehook = previous
+
+
+STOP_IN_WAIT_GRACE_S = 5.0  # see _stops_end_waits
+
+
+@contextlib.contextmanager
+def _stops_end_waits() -> Iterator[None]:
+    """For a rank of torchrun's or SLURM's: a stop signal that its handler has not acted on within
+    :data:`STOP_IN_WAIT_GRACE_S` ends the rank, with a line saying so. Python runs a handler only
+    between instructions, never inside a C++ wait: a rank waiting on a peer's message when a rank
+    was killed sat out the SIGTERM that torchrun then sent, until torchrun's SIGKILL 30 s later,
+    with no word. A thread hears of the signal at once, through the wakeup descriptor Python's own
+    C-level handler writes to; rank 0's records are on disk as each is written."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    heard, tell = os.pipe()
+    os.set_blocking(tell, False)
+    left = threading.Event()  # the block, as the handler's SystemExit leaves it too
+    previous = signal.set_wakeup_fd(tell, warn_on_full_buffer=False)
+    watch = threading.Thread(target=_end_a_stuck_stop, args=(heard, left), name="commbench-stop", daemon=True)
+    watch.start()
+    try:
+        yield
+    finally:
+        left.set()
+        signal.set_wakeup_fd(previous)
+        os.close(tell)  # the thread reads its end and leaves
+
+
+def _end_a_stuck_stop(heard: int, left: threading.Event) -> None:
+    try:
+        while received := os.read(heard, 64):
+            stops = [s for s in received if s in signals.STOPS]
+            if stops:
+                if left.wait(STOP_IN_WAIT_GRACE_S):  # the handler acted: the main thread could run it
+                    return
+                name = signal.Signals(stops[0]).name
+                rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "?"))
+                os.write(
+                    2, f"commbench: rank {rank} stopped by {name} inside a wait for its peers\n".encode()
+                )
+                os._exit(128 + stops[0])
+    finally:
+        os.close(heard)
 
 
 def _record(error_dir: str | None, exc: BaseException) -> None:
