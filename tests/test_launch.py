@@ -40,8 +40,16 @@ def _world() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def _rank_zero_ends_last() -> int:
+    if dist.get_rank() == 0:
+        time.sleep(1.0)
+    return dist.get_rank()
+
+
 def test_returns_every_local_rank_result():
     assert run(_world, (), LaunchSpec(world_size=3)) == {0: (0, 3), 1: (1, 3), 2: (2, 3)}
+    # in rank order, not the order the ranks ended in (a test printing them failed once in make test)
+    assert list(run(_rank_zero_ends_last, (), LaunchSpec(world_size=2)).items()) == [(0, 0), (1, 1)]
 
 
 def _rank_zero_ends_the_fork_server() -> None:

@@ -616,7 +616,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
         raise Interrupted(getattr(exc, "signum", signal.SIGINT)) from None
     if lost:
         raise Interrupted(lost[0])
-    return results
+    return dict(sorted(results.items()))  # the agent's is in the order the ranks ended
 
 
 @contextlib.contextmanager
