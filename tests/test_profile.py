@@ -299,6 +299,7 @@ def test_a_command_without_ranks_is_refused_in_one_line(command, capsys):
     assert err.count("\n") == 1 and f"not {command!r}" in err
 
 
+@pytest.mark.slow  # two imports of torch (9 s); make test keeps profile's own refusals (CI's ten minutes)
 def test_bad_input_to_the_profiled_command_is_its_one_line_and_exit_2(py_spy, tmp_path):
     out = tmp_path / "prof"
     done = subprocess.run(
