@@ -486,13 +486,18 @@ def _end_a_stuck_stop(heard: int, left: threading.Event) -> None:
         os.close(heard)
 
 
+def _described(exc: BaseException) -> str:
+    """ "Type: first line of the message", or the type's name alone for an empty message."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def _record(error_dir: str | None, exc: BaseException) -> None:
     """Write "time<TAB>Type: first line" for this rank, once."""
     path = Path(error_dir or "", f"rank{os.environ.get('RANK', '?')}.err")
     if error_dir is None or path.exists():
         return
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    text = _described(exc)
     if _stopping and isinstance(exc, SystemExit) and (name := _signal_name(exc.code)):  # _exit_on_signal's
         text = f"{STOPPED_BY}{name}"
     # Whole or not at all: the launcher reads it while it stops the other ranks, this one among
@@ -545,10 +550,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
         except Exception as exc:
             # Any other error in the rank, as this launcher's own ranks report it: gloo's lost peer
             # ("Connection closed by peer", a RuntimeError) printed its traceback, 50 lines a rank.
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise RankFailed(
-                rank, f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-            ) from None
+            raise RankFailed(rank, _described(exc)) from None
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
