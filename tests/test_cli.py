@@ -59,7 +59,7 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["sweep", "--block", "0"], "block must be >= 1"),
         (["sweep", "-n", "99999999999999999999999"], "iters must be <= 1000000"),
         (["sweep", "-w", "2000000"], "warmup must be <= 1000000"),
-        (["sweep", "-r", "2", "--world-size", "2"], "root 2"),
+        (["sweep", "--collective", "reduce", "-r", "2", "--world-size", "2"], "root 2"),
         (["sweep", "--json", "/nonexistent-dir/x.jsonl"], "cannot write"),
         (["sweep", "--plot", "/nonexistent-dir/x.png"], "cannot write"),
         (["sweep", "--plot", "busbw.txt"], "must end in one of .avif, .eps"),
@@ -869,6 +869,25 @@ def test_summary_names_a_file_that_is_not_text(tmp_path, capsys):
     assert main(["summary", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path} is not JSON Lines: not UTF-8 text" in err and err.count("\n") == 1
+
+
+def test_only_broadcast_and_reduce_record_a_root(tmp_path, capsys):
+    """-o and -r are taken by every collective, as nccl-tests takes them; a record says the root
+    only where there is one (all_gather's said root 1), and its op only where one is applied."""
+    one = ["-b", "4K", "-e", "4K", "--world-size", "1", "-n", "1", "-w", "0", "--no-probe", "-q"]
+    got = {}
+    for collective, root in (("all_gather", 5), ("all_reduce", 3), ("broadcast", 0), ("reduce", 0)):
+        path = tmp_path / f"{collective}.jsonl"
+        argv = ["sweep", "--collective", collective, "-r", str(root), "-o", "max", *one, "--json", str(path)]
+        assert main(argv) == 0, capsys.readouterr().err
+        records = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "sweep"]
+        got[collective] = {(r["algorithm"] == "p2p", r["op"], r["root"], r["wrong"]) for r in records}
+    assert got == {
+        "all_gather": {(False, None, None, 0), (True, None, None, 0)},
+        "all_reduce": {(False, "max", None, 0), (True, None, None, 0)},
+        "broadcast": {(False, None, 0, 0), (True, None, None, 0)},
+        "reduce": {(False, "max", 0, 0), (True, None, None, 0)},
+    }
 
 
 def test_one_rank_sweep_has_no_ratio_to_a_busbw_of_zero(tmp_path, capsys):

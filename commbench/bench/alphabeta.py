@@ -101,7 +101,7 @@ def points(records: Iterable[dict[str, Any]]) -> list[Point]:
                     r["world_size"],
                     r["count"],
                     r["size_bytes"] // r["count"],
-                    root=r.get("root", 0),
+                    root=r.get("root") or 0,
                     backend=r.get("backend"),  # builtin is priced as the record's backend runs it
                     **({} if segment is None else {"segment_bytes": segment}),
                 )

@@ -107,8 +107,19 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
         help="check results against the closed form (default 1); any wrong element fails the run, exit 1",
     )
     p.add_argument("-d", "--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
-    p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)} (default sum)")
-    p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce (default 0)")
+    p.add_argument(
+        "-o",
+        "--op",
+        default="sum",
+        help=f"one of {', '.join(OPS)} (default sum); all_gather and broadcast take none",
+    )
+    p.add_argument(
+        "-r",
+        "--root",
+        type=int,
+        default=0,
+        help="root of broadcast and reduce (default 0); the others have none and record root null",
+    )
     p.add_argument(
         "--in-place",
         action="store_true",
@@ -369,7 +380,9 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None, command: str | 
 def check_sweep(config: Any, spec: Any, local: int | None = None) -> None:
     """What a sweep's ranks would refuse after they started: a root outside the world, sizes that
     hold no element, buffers beyond this host's memory (``local``: see check_sweep_memory)."""
-    if config.root >= spec.world_size:
+    from commbench.bench.collectives import SPECS
+
+    if SPECS[config.collective].has_root and config.root >= spec.world_size:
         raise ValueError(f"root {config.root} is not a rank of a world of {spec.world_size}")
     _check_some_size_fits(config, spec.world_size)
     check_sweep_memory(config, spec, local)

@@ -233,6 +233,7 @@ def series_parts(series: str) -> tuple[str, int | None]:
 class _Spec:
     name = ""
     needs_op = True
+    has_root = False  # broadcast and reduce; the others' records say root null, as op null
 
     def make_for(self, count, dtype, device, rank, world, op, root, in_place: bool = False) -> Buffers:
         """:meth:`make`, in the in-place form where ``in_place`` and the collective has one."""
@@ -356,6 +357,7 @@ class AllGather(_Spec):
 class Broadcast(_Spec):
     name = "broadcast"
     needs_op = False
+    has_root = True
 
     def make(self, count, dtype, device, rank, world, op, root) -> Buffers:
         t = torch.empty(count, dtype=dtype, device=device)
@@ -374,6 +376,7 @@ class Broadcast(_Spec):
 
 class Reduce(_Spec):
     name = "reduce"
+    has_root = True
 
     def make(self, count, dtype, device, rank, world, op, root) -> Buffers:
         t = torch.empty(count, dtype=dtype, device=device)

@@ -33,7 +33,7 @@ class SweepRecord:
     world_size: int
     dtype: str
     op: str | None
-    root: int
+    root: int | None
     size_bytes: int
     count: int
     iters: int

@@ -216,7 +216,7 @@ def scratch_per_rank(config: SweepConfig, world: int, backend: str = "gloo") -> 
             world,
             count,
             dtype.itemsize,
-            root=config.root,
+            root=_root(config),
             segment_bytes=segment,
             backend=backend,
             in_place=config.in_place,
@@ -360,7 +360,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit, nic: str | None = None
         nic: the interface the wire count reads (``wirecount.agreed_nic``'s; agreed here if None).
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    if config.root >= world:
+    if SPECS[config.collective].has_root and config.root >= world:
         raise ValueError(f"root {config.root} is not a rank of a world of {world}")
     backend = dist.get_backend()
     device = rank_device(device_kind)
@@ -474,7 +474,7 @@ def run_rank(config: SweepConfig, device_kind: str, emit, nic: str | None = None
                 world_size=world,
                 dtype=config.dtype,
                 op=op if s != LIMIT else None,
-                root=config.root,
+                root=config.root if spec.has_root and s != LIMIT else None,
                 size_bytes=size_bytes,
                 count=count,
                 iters=config.iters,
@@ -501,6 +501,12 @@ def run_rank(config: SweepConfig, device_kind: str, emit, nic: str | None = None
     return out
 
 
+def _root(config: SweepConfig) -> int:
+    """The root the cost model prices: ``--root`` for broadcast and reduce; the other collectives
+    have none, and their sweeps take any ``--root`` and record root null."""
+    return config.root if SPECS[config.collective].has_root else 0
+
+
 def _model_bytes(
     config: SweepConfig, s: str, size_bytes: int, count: int, world: int, backend: str | None = None
 ) -> tuple[str, list[int], list[int]]:
@@ -516,7 +522,7 @@ def _model_bytes(
         world,
         count,
         size_bytes // count,
-        root=config.root,
+        root=_root(config),
         segment_bytes=segment,
         backend=backend,
     )
