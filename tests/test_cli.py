@@ -1465,6 +1465,7 @@ def test_messages_name_a_descriptor_as_it_was_given():
         assert _kept(path, records.file_stamp(path)) == f"; each point went to /dev/fd/{w} as it finished"
         with pytest.raises(ValueError, match=f"^--json and --csv name the same file /dev/fd/{w}$"):
             records.check_distinct(json=path, csv=path)
+        records.check_distinct(json=os.devnull, csv=os.devnull, plot=path)  # it keeps nothing to mix
         with pytest.raises(
             ValueError, match=f"^cannot plot to /dev/fd/{w}: it names a descriptor, not a file"
         ):

@@ -242,12 +242,15 @@ def resolved(path: str | Path) -> Path:
 
 
 def check_distinct(**paths: str | None) -> None:
-    """Raise ValueError when two of the output options (name=path) name the same file."""
+    """Raise ValueError when two of the output options (name=path) name the same file; the null
+    device, which keeps nothing to mix, may take any number of them."""
     seen: dict[Path, str] = {}
     for name, path in paths.items():
         if not path:
             continue
         key = resolved(path)
+        if key == resolved(os.devnull):
+            continue
         if key in seen:
             raise ValueError(f"--{seen[key]} and --{name} name the same file {shown(path)}")
         seen[key] = name
