@@ -7,6 +7,7 @@ import gc
 import os
 import socket
 import struct
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -514,6 +515,36 @@ def _routes(case: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _threads_first_calls(case: dict[str, Any]) -> dict[str, Any]:
+    """Two threads, each with a group of its own, make the first hand-written call on it, in
+    opposite orders on the two ranks (rank 0 starts with the first group, rank 1 with the
+    second, and the other thread follows a second later). Each group's second connection was
+    made by ``dist.new_group``, which pairs groups in the order they are made: the two ranks'
+    first companions were joined, one for each group, and the sums came back mixed."""
+    import threading
+
+    rank = dist.get_rank()
+    groups = [dist.new_group(timeout=timedelta(seconds=30)) for _ in range(2)]
+    values, sums = (1.0, 100.0), {}
+
+    def work(i: int) -> None:
+        tensor = torch.full((1000,), values[i])
+        comm.all_reduce(tensor, algorithm="ring", group=groups[i])
+        sums[i] = sorted(set(tensor.tolist()))
+
+    order = (0, 1) if rank == 0 else (1, 0)
+    threads = [threading.Thread(target=work, args=(i,)) for i in order]
+    threads[0].start()
+    time.sleep(1)
+    threads[1].start()
+    for t in threads:
+        t.join(60)
+    return {
+        "sums": [sums.get(i) for i in range(2)],
+        "two_connections": [p2p.route(g, 1, 0) is not g for g in groups],
+    }
+
+
 def _routes_off(case: dict[str, Any]) -> bool:
     """With $COMMBENCH_GLOO_DUPLEX=0 a fresh group of two keeps one connection for both directions."""
     group = dist.new_group([0, 1])
@@ -620,12 +651,10 @@ def _freed(case: dict[str, Any]) -> dict[str, Any]:
     group = dist.new_group()
     tensor = torch.ones(10)
     comm.all_reduce(tensor, algorithm="ring", group=group)
-    entry = p2p._companion(group)
-    groups = [group] + ([entry[0]] if entry else [])
-    refs = [weakref.ref(g) for g in groups]
-    while groups:  # both, as destroy_process_group() does at the end of a run
-        dist.destroy_process_group(groups.pop())
-    del group, entry
+    companion = p2p._companion(group)
+    refs = [weakref.ref(g) for g in [group] + ([companion] if companion is not None else [])]
+    dist.destroy_process_group(group)  # the companion is no group of torch's: it goes with it
+    del group, companion
     gc.collect()
     return {
         "sum_ok": bool(torch.all(tensor == dist.get_world_size())),
@@ -825,6 +854,7 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "aliased": _aliased,
         "routes": _routes,
         "routes_off": _routes_off,
+        "threads_first_calls": _threads_first_calls,
         "subgroups_of_two": _subgroups_of_two,
         "signed_zeros": _signed_zeros,
         "plan_reuse": _plan_reuse,

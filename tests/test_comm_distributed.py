@@ -406,6 +406,11 @@ def test_a_group_with_a_backend_per_device_or_none_is_taken_for_what_moves_each_
     assert results == [expected, expected]
 
 
+def test_threads_first_calls_on_groups_of_their_own_keep_each_groups_connections(worlds):
+    results = worlds(2).run(("threads_first_calls", {}))
+    assert results == [{"sums": [[2.0], [200.0]], "two_connections": [True, True]}] * 2
+
+
 def test_duplex_can_be_turned_off_for_comparison(worlds):
     assert worlds(2).run(("routes_off", {})) == [True, True]
 

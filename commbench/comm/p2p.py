@@ -13,7 +13,8 @@ to move data closer to half duplex than full. In a ring of more than two ranks e
 carries one direction anyway (a rank sends right and receives from the left), but with two
 ranks left and right are the same peer. With the companion group, messages from the lower rank
 to the higher go through the group's own connection and the others through the companion's, a
-rule both ends derive from the two ranks alone. On the 2-core
+rule both ends derive from the two ranks alone. The companion is a gloo connection joined under
+the group's name, not a group of torch's (:func:`_companion_of`). On the 2-core
 CI-class machine the 2-rank ring went from 0.45-1.28 of gloo's own allreduce at 1-64 MiB to
 1.01-1.43 (docs/PERFORMANCE.md, "one connection per direction"; ``$COMMBENCH_GLOO_DUPLEX=0``
 turns it off for that comparison).
@@ -24,7 +25,9 @@ above, and the congestion control of local connections (:mod:`commbench.comm.tcp
 
 from __future__ import annotations
 
+import atexit
 import os
+import threading
 import weakref
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -123,13 +126,11 @@ def duplex_setting(environ: Mapping[str, str] | None = None) -> bool:
     return value == "1"
 
 
-# group -> (its reverse-direction companion, the companion's rank of group ranks 0 and 1). Weak,
+# group -> its reverse-direction companion (ranks 0 and 1 in it as in the group). Weak,
 # as is _PREPARED: a group kept alive past destroy_process_group was freed at the interpreter's
 # exit, where its gloo threads could end the rank with SIGABRT ("terminate called without an
 # active exception") after its work was done.
-_COMPANIONS: weakref.WeakKeyDictionary[dist.ProcessGroup, tuple[dist.ProcessGroup, tuple[int, int]]] = (
-    weakref.WeakKeyDictionary()
-)
+_COMPANIONS: weakref.WeakKeyDictionary[dist.ProcessGroup, dist.ProcessGroupGloo] = weakref.WeakKeyDictionary()
 
 
 def _resolved(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
@@ -149,12 +150,9 @@ def group_timeout(group: dist.ProcessGroup | None) -> timedelta | None:
 def enable_duplex(group: dist.ProcessGroup | None) -> None:
     """Give a 2-rank gloo group a second connection, one per direction (see the module's notes).
 
-    Only where the group holds every rank of the job (two in all): every rank must call this at
-    the same point, since it creates a process group. A subgroup of two in a larger job keeps
-    one connection. torch numbers the groups it creates, on each rank that takes part, and the
-    number goes into the next group's name: a companion made by two ranks of three left their
-    count ahead of the third's, and the next group that mixed them waited for one another under
-    different names until the timeout. Later calls, other backends and every call where
+    Only where the group holds every rank of the job (two in all), as measured; a subgroup of two
+    in a larger job keeps one connection. Both ranks of ``group`` must call this before their
+    first message on it; later calls, other backends and every call where
     ``$COMMBENCH_GLOO_DUPLEX`` is 0 (one connection for both directions, for comparison) return
     at once; a value other than 0 or 1 raises (:func:`duplex_setting`).
     """
@@ -165,14 +163,42 @@ def enable_duplex(group: dist.ProcessGroup | None) -> None:
         return
     if not duplex_setting():
         return
-    ranks = [global_rank(group, r) for r in range(2)]
-    companion = dist.new_group(
-        ranks, backend="gloo", timeout=group_timeout(group), use_local_synchronization=True
-    )
-    _COMPANIONS[key] = (
-        companion,
-        (dist.get_group_rank(companion, ranks[0]), dist.get_group_rank(companion, ranks[1])),
-    )
+    _COMPANIONS[key] = _companion_of(key)
+
+
+# Companions made per group name in this process: a job that makes its groups anew after
+# destroy_process_group reuses names ("0" for the world), and the store may outlive it.
+_MADE: dict[str, int] = {}
+_MADE_LOCK = threading.Lock()
+# Freed with their groups; those of groups still held at the exit are freed before the
+# interpreter's end, where gloo's threads could abort the process (see _COMPANIONS).
+atexit.register(_COMPANIONS.clear)
+
+
+def _companion_of(group: dist.ProcessGroup) -> dist.ProcessGroupGloo:
+    """A gloo connection of its own between ``group``'s two ranks (ranks 0 and 1 in it as in
+    ``group``), joined through the job's store under a key named after ``group``.
+
+    Named after the group, not numbered: ``dist.new_group`` names a group by how many were made
+    before it, so where two threads each made the first hand-written call on a group of their
+    own, the ranks made the two companions in different orders and joined one group's on one
+    rank to the other group's on the other; the sums came back mixed, without an error. Not a
+    group of torch's either, so torch's count of groups stays the same on every rank of the job.
+    """
+    name = group.group_name
+    with _MADE_LOCK:
+        made = _MADE.get(name, 0)
+        _MADE[name] = made + 1
+    store = dist.distributed_c10d._get_default_store()
+    try:
+        # A connection of its own: a store's client answers one call at a time, and two threads'
+        # companions each waited there for its peer behind the other's call until the timeout.
+        store = store.clone()
+    except (AttributeError, RuntimeError):  # a store that cannot (a file's): one at a time
+        pass
+    store = dist.PrefixStore(f"commbench/duplex/{name}/{made}/", store)
+    timeout = group_timeout(group) or timedelta(minutes=30)
+    return dist.ProcessGroupGloo(store, dist.get_rank(group), 2, timeout=timeout)
 
 
 _PREPARED: weakref.WeakSet[dist.ProcessGroup] = weakref.WeakSet()
@@ -195,23 +221,21 @@ def prepare(group: dist.ProcessGroup | None) -> None:
     _PREPARED.add(key)
 
 
-def _companion(group: dist.ProcessGroup | None):
-    """``group``'s entry in the companion table (see :func:`enable_duplex`), or None."""
+def _companion(group: dist.ProcessGroup | None) -> dist.ProcessGroupGloo | None:
+    """``group``'s companion (see :func:`enable_duplex`), or None."""
     return _COMPANIONS.get(_resolved(group)) if _COMPANIONS else None
 
 
 def _carrier(group: dist.ProcessGroup | None, src: int, dst: int, peer: int) -> tuple[dist.ProcessGroup, int]:
-    """(process group whose connection carries ``src`` -> ``dst``, ``peer``'s rank in it)."""
-    entry = _companion(group)
-    if entry is not None and src > dst:
-        return entry[0], entry[1][peer]
-    return _resolved(group), peer
+    """(what carries ``src`` -> ``dst``: ``group`` or its companion, ``peer``'s rank in it)."""
+    return route(group, src, dst) or _resolved(group), peer
 
 
 def route(group: dist.ProcessGroup | None, src: int, dst: int) -> dist.ProcessGroup | None:
-    """The group whose connection carries messages from ``src`` to ``dst`` (ranks in ``group``)."""
-    entry = _companion(group)
-    return entry[0] if entry is not None and src > dst else group
+    """What carries messages from ``src`` to ``dst`` (ranks in ``group``): ``group`` itself, or its
+    companion (whose ranks are the group's) for the higher rank's messages to the lower."""
+    companion = _companion(group)
+    return companion if companion is not None and src > dst else group
 
 
 def isend_on(pg: dist.ProcessGroup, tensor: torch.Tensor, peer: int) -> Work:
