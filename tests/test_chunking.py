@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from commbench.comm.chunking import (
+    MAX_SEGMENTS,
     binomial_children,
     binomial_parent,
     halving_schedule,
@@ -79,6 +80,8 @@ def test_num_segments():
     assert num_segments(1 << 18, 4, 1 << 20) == 1
     assert num_segments((1 << 18) + 1, 4, 1 << 20) == 2
     assert num_segments(10, 4, 1) == 10  # not 40: segments past the elements would be empty
+    assert num_segments(1 << 18, 4, 4) == MAX_SEGMENTS  # not 262144 segments of one element
+    assert num_segments(MAX_SEGMENTS * 2, 4, 8) == MAX_SEGMENTS
     with pytest.raises(ValueError):
         num_segments(10, 4, 0)
 
