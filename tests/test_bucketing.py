@@ -201,6 +201,34 @@ def test_views_of_the_bucket_only_as_their_own_slices() -> None:
     pack([torch.empty(2, device="meta"), torch.empty(2, device="meta")], torch.empty(4, device="meta"))
 
 
+def test_any_iterable_is_packed_and_what_cannot_be_written_is_refused_before_a_copy() -> None:
+    """A generator was used up by the check, so pack and unpack copied nothing without a word;
+    unpack wrote the first tensor before a later one (expanded, or a leaf that requires grad)
+    raised from inside copy_; a number in the list raised AttributeError."""
+    out = torch.full((4,), -1.0)
+    pack((t for t in [torch.ones(2), torch.full((2,), 2.0)]), out)
+    assert out.tolist() == [1.0, 1.0, 2.0, 2.0]
+    into = [torch.zeros(2), torch.zeros(2)]
+    unpack(torch.arange(4.0), iter(into))
+    assert [t.tolist() for t in into] == [[0.0, 1.0], [2.0, 3.0]]
+    first = torch.zeros(2)
+    for last, needle in (
+        (torch.zeros(1).expand(2), "tensor 1 has elements over one another"),
+        (torch.zeros(2, requires_grad=True), "tensor 1 is a leaf that requires grad"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            unpack(torch.arange(4.0), [first, last])
+        assert first.tolist() == [0.0, 0.0]
+    with torch.no_grad():
+        leaf = torch.zeros(2, requires_grad=True)
+        unpack(torch.arange(4.0), [first, leaf])
+    assert leaf.tolist() == [2.0, 3.0]
+    with pytest.raises(TypeError, match="tensor 0 is a float, not a tensor"):
+        pack([1.0], torch.empty(1))
+    with pytest.raises(TypeError, match="the bucket must be a tensor, got list"):
+        unpack([1.0], [torch.empty(1)])
+
+
 def test_a_strided_bucket_is_refused() -> None:
     """The overlap check counts a bucket's elements as adjacent: in big[::2] it missed big[4:5]
     (packed after big[4] was overwritten: [10, 11, 12, 12]) and refused each slice copied onto

@@ -14,6 +14,8 @@ def _check(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     (a sparse tensor) or read what it had already overwritten (a view of ``flat`` elsewhere than
     its own slice, or memory of another storage over the same bytes: two ``torch.from_numpy``
     views of one array). All is checked before anything is copied."""
+    if not isinstance(flat, torch.Tensor):
+        raise TypeError(f"the bucket must be a tensor, got {type(flat).__name__}")
     if flat.dim() != 1:
         raise ValueError(f"the bucket must be 1-D, got shape {tuple(flat.shape)}")
     if flat.layout is not torch.strided:
@@ -25,6 +27,8 @@ def _check(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     lo = own = flat.data_ptr()  # own: where the tensor's own slice of flat starts
     hi = lo + flat.numel() * size
     for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tensor {i} is a {type(t).__name__}, not a tensor")
         if t.dtype != dtype:
             raise ValueError(f"tensor {i} is {t.dtype} but the bucket is {dtype}; convert it first")
         if t.device != device:
@@ -59,6 +63,7 @@ def pack(tensors: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
         ValueError: when they do not match, or one is a view of ``out`` other than its own slice;
             nothing is converted, moved or copied.
     """
+    tensors = list(tensors)  # a generator was used up by the check, and nothing was copied
     _check(out, tensors)
     offset = 0
     for t in tensors:
@@ -70,8 +75,15 @@ def pack(tensors: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
 
 def unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     """Copy consecutive slices of the flat buffer back into ``tensors`` (the inverse of ``pack``,
-    with the same checks)."""
+    with the same checks, and each of ``tensors`` one a copy may write: no element of it over
+    another, as an expanded tensor's, and no leaf that requires grad while autograd records)."""
+    tensors = list(tensors)
     _check(flat, tensors)
+    for i, t in enumerate(tensors):
+        if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True)):
+            raise ValueError(f"tensor {i} has elements over one another (an expanded tensor); give a copy")
+        if t.requires_grad and t.is_leaf and torch.is_grad_enabled():
+            raise ValueError(f"tensor {i} is a leaf that requires grad; unpack under torch.no_grad()")
     offset = 0
     for t in tensors:
         n = t.numel()
