@@ -308,6 +308,11 @@ def _validation(case: dict[str, Any]) -> dict[str, str]:
         "segment on a typo": lambda: comm.all_reduce(torch.ones(4), algorithm="rign", segment_bytes=64),
         "segment of 0": lambda: comm.broadcast(torch.ones(4), 0, algorithm="ring", segment_bytes=0),
         "segment a float": lambda: comm.all_gather(torch.empty(4 * world), torch.ones(4), segment_bytes=8.0),
+        "meta": lambda: comm.all_reduce(torch.ones(4, device="meta"), algorithm="ring"),
+        # rank 0 returned, having moved nothing, and the others waited for it
+        "meta on rank 0": lambda: comm.all_reduce(
+            torch.ones(4, device="meta" if dist.get_rank() == 0 else "cpu")
+        ),
     }
     out = {}
     for name, call in calls.items():

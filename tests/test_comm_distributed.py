@@ -307,10 +307,17 @@ def test_bad_arguments_raise_clear_errors(worlds):
         "segment on a typo": "unknown algorithm 'rign' for all_reduce; choose from",
         "segment of 0": "segment_bytes must be a positive integer, got 0",
         "segment a float": "segment_bytes must be a positive integer, got 8.0",
+        "meta": "ValueError: a meta tensor holds no data to move; give a cpu or cuda tensor",
     }
-    for rank_result in worlds(2).run(("validation", {})):
+    results = worlds(2).run(("validation", {}))
+    for rank_result in results:
         for name, needle in expected.items():
             assert needle in rank_result[name], (name, rank_result[name])
+    assert [r["meta on rank 0"] for r in results] == [
+        "ValueError: a meta tensor holds no data to move; give a cpu or cuda tensor",
+        "ValueError: ranks disagree: rank 0 has arguments it refused; rank 1 has all_reduce, 4 elements of "
+        "float32, op sum, algorithm auto, root 0, segment bytes default, backend gloo",
+    ]
 
 
 def test_numpy_segment_sizes_and_ranks_outside_the_group(worlds):

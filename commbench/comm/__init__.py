@@ -149,6 +149,8 @@ def _check_device(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> None
             f"the process group has no backend for {tensor.device.type} tensors "
             f"(it has {dist.get_backend_config(group)})"
         )
+    if tensor.device.type == "meta":  # gloo's own collective took it too, and moved nothing
+        raise ValueError("a meta tensor holds no data to move; give a cpu or cuda tensor")
 
 
 def _agree(
