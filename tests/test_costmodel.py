@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 
 from commbench.comm import ALGORITHMS, tuning
@@ -225,6 +226,33 @@ def test_a_call_that_cannot_be_priced_raises_at_any_size(args, kwargs, needle):
     for price in (cost, scratch_bytes):
         with pytest.raises(ValueError, match=re.escape(needle)):
             price(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, needle",
+    [
+        # a float world size failed inside ("can't multiply sequence by non-int"), a fractional
+        # count or item size was priced as fractional bytes, a bool world size as one rank
+        (("all_reduce", "ring", 2.0, 10, 4), {}, "world_size must be an integer, got float 2.0"),
+        (("all_reduce", "ring", True, 10, 4), {}, "world_size must be an integer, got True"),
+        (("all_gather", "ring", 2, 10.5, 4), {}, "count must be an integer, got float 10.5"),
+        (("all_reduce", "ring", 2, 10, 2.5), {}, "itemsize must be an integer, got float 2.5"),
+        (("broadcast", "tree", 2, 10, 4), {"root": 1.0}, "root must be an integer, got float 1.0"),
+        (("all_reduce", "ring", 2, 10, 4), {"segment_bytes": None}, "segment_bytes must be an integer"),
+    ],
+)
+def test_a_number_that_is_no_whole_number_is_a_type_error(args, kwargs, needle):
+    from commbench.comm.costmodel import scratch_bytes
+
+    for price in (cost, scratch_bytes):
+        with pytest.raises(TypeError, match=re.escape(needle)):
+            price(*args, **kwargs)
+    assert (
+        cost("all_reduce", "ring", np.int64(2), np.int32(10), 4).sent_bytes
+        == cost("all_reduce", "ring", 2, 10, 4).sent_bytes
+    )
+    with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):
+        bus_factor("all_reduce", 0)  # was ZeroDivisionError
 
 
 def test_auto_table_is_well_formed():

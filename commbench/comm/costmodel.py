@@ -10,6 +10,7 @@ is what the busiest link carries in sequence.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from commbench.comm import tuning
@@ -150,11 +151,31 @@ def _ring_reduce(
     return sent, recv, steps, critical
 
 
+def _whole(name: str, value: object) -> None:
+    """TypeError unless ``value`` is an integer (NumPy's too), not a bool."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+
+
 def _check_call(
     collective: str, algorithm: str, world_size: int, count: int, itemsize: int, root: int, segment_bytes: int
 ) -> None:
-    """ValueError for a call that cannot be priced, at any size (one rank and zero elements too)."""
+    """ValueError for a call that cannot be priced, at any size (one rank and zero elements too);
+    TypeError for a number that is no whole number (a float world size failed deep inside)."""
     from commbench.comm import ALGORITHMS
+
+    for name, value in (
+        ("world_size", world_size),
+        ("count", count),
+        ("itemsize", itemsize),
+        ("root", root),
+        ("segment_bytes", segment_bytes),
+    ):
+        _whole(name, value)
 
     if collective not in ALGORITHMS:
         raise ValueError(f"unknown collective {collective!r}; choose from {', '.join(ALGORITHMS)}")
@@ -375,6 +396,9 @@ def scratch_bytes(
 
 def bus_factor(collective: str, world_size: int) -> float:
     """nccl-tests' bus-bandwidth factor: busbw = algbw x factor."""
+    _whole("world_size", world_size)
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
     n = world_size
     if collective == "all_reduce":
         return 2 * (n - 1) / n
