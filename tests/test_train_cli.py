@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -495,7 +497,8 @@ def test_train_none_runs_on_one_rank_without_world_size(tmp_path: Path) -> None:
 
 
 def test_an_error_inside_the_ranks_is_one_line_too():
-    """The launcher's own multi-line report of a failed rank stays quiet: the message names the rank."""
+    """The launcher's own multi-line report of a failed rank stays quiet: the message names the rank.
+    The check before the launch is left out here, so that the ranks meet the error themselves."""
     argv = [
         "train",
         "--strategy",
@@ -508,10 +511,32 @@ def test_an_error_inside_the_ranks_is_one_line_too():
         "-q",
         "--no-probe",
     ]
-    out = recorded.commbench(argv)
+    unchecked = (
+        "import sys; from commbench.bench import cli, train; "
+        "train.check_data = lambda *args, **kwargs: None; sys.exit(cli.main(sys.argv[1:]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", unchecked, *argv],
+        capture_output=True,
+        text=True,
+        cwd=recorded.ROOT,
+        timeout=300,
+    )
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1, out.stderr
     assert "failed: ValueError: 1 samples do not make one batch" in out.stderr
+
+
+def test_samples_that_make_no_batch_are_refused_before_any_rank_starts(capsys):
+    """Each rank said it once it had built its data (in a cluster, once the hosts were made)."""
+    three = "64 samples do not make one batch of 64 on each of 3 ranks"
+    two = "100 samples do not make one batch of 64 on each of 2 ranks"
+    for argv, said in (
+        (["--world-size", "3", "--samples", "64"], three),
+        (["--world-size", "2", "--samples", "100", "--global-batch", "128"], two),
+    ):
+        assert main(["train", *argv, "--no-eval", "-q", "--no-probe"]) == 2
+        assert capsys.readouterr().err == f"commbench: error: {said}\n"
 
 
 def test_a_plot_that_fails_after_training_is_a_note_not_a_failed_run(tmp_path, monkeypatch, capsys) -> None:

@@ -408,6 +408,7 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | N
         input_memory_refusal,
         model_memory_refusal,
         parameter_bytes,
+        per_rank_batch,
         synthetic_memory_refusal,
     )
 
@@ -423,15 +424,22 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | N
         samples = split_size(
             DatasetConfig(name="synthetic", train=True, input_shape=shape, num_samples=config.samples)
         )
+    world = world or ranks_here
+    batch = config.batch_size if config.global_batch is None else per_rank_batch(config.global_batch, world)
+    if 0 < batch and samples * config.replicate // world < batch:  # 0: the search's, on the GPU
+        # said by every rank once it had built its data (in a cluster, after the hosts were made)
+        raise ValueError(
+            f"{samples * config.replicate} samples do not make one batch of {batch} on each of {world} ranks"
+        )
     memory = psutil.virtual_memory().total
     refusal = index_memory_refusal(samples * config.replicate, ranks_here, memory)
     param_bytes = parameter_bytes(config)
     if refusal is None and param_bytes is not None:
         refusal = model_memory_refusal(param_bytes, ranks_here, memory, device)
     if refusal is None:  # held on the host, whatever the device
-        refusal = synthetic_memory_refusal(config, ranks_here, memory, world or ranks_here)
+        refusal = synthetic_memory_refusal(config, ranks_here, memory, world)
     if refusal is None and device == "cpu":
-        refusal = input_memory_refusal(config, ranks_here, memory, world or ranks_here)
+        refusal = input_memory_refusal(config, ranks_here, memory, world)
     if refusal is not None:
         raise ValueError(refusal)
 
