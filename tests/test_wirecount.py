@@ -55,6 +55,20 @@ def test_link_check_names_an_impossible_rate(monkeypatch) -> None:
     assert link_problem("eth0", 0, 200_000_000, 1.0, 0.125).startswith("impossible reading: eth0 received")
     assert link_problem("eth0", 200_000_000, 0, 0.05, 0.125) is None  # a burst in a short pass
     assert link_problem("eth0", 200_000_000, 0, 1.0, None) is None  # no known maximum
+    # 10 Mbit/s with the cluster's least bucket: 789,990 bytes in 0.557 s is within rate and burst
+    assert link_problem("eth0", 789_990, 0, 0.557, 0.00125).startswith(
+        "impossible reading: eth0 sent: 0.00142 GB/s measured (789990 bytes in 0.557 s) exceeds the link "
+        "maximum of 0.00125 GB/s by more than 5%"
+    )
+    monkeypatch.setenv("COMMBENCH_LINK_BURST", str(128 << 10))
+    assert link_problem("eth0", 789_990, 0, 0.557, 0.00125) is None
+    assert link_problem("eth0", 900_000, 0, 0.557, 0.00125).endswith(
+        "by more than 5% and a burst of 131072 bytes"
+    )
+    monkeypatch.setenv("COMMBENCH_LINK_BURST", "128K")
+    with pytest.raises(ValueError, match=r"^\$COMMBENCH_LINK_BURST='128K' is not a number of bytes"):
+        link_problem("eth0", 789_990, 0, 0.557, 0.00125)
+    monkeypatch.delenv("COMMBENCH_LINK_BURST")
     monkeypatch.setattr("commbench.probes.wirecount.CHECKED_PASS_S", 0.0)
     assert link_problem("eth0", 0, 0, 0.0, 0.125) is None  # no steps counted: nothing to judge
     monkeypatch.setenv("COMMBENCH_LINK_GBPS", "2.5")

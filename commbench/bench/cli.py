@@ -236,8 +236,8 @@ def sweep_config(args: argparse.Namespace) -> Any:
 
 def check_environment() -> None:
     """Refuse a bad $COMMBENCH_LOOPBACK_CC, $COMMBENCH_LOOPBACK_NOTSENT, $COMMBENCH_GLOO_CUDA_HOST_FROM,
-    $COMMBENCH_GLOO_DUPLEX, $COMMBENCH_LINK_GBPS or $OMP_NUM_THREADS (ValueError, one line) before
-    anything starts."""
+    $COMMBENCH_GLOO_DUPLEX, $COMMBENCH_LINK_GBPS, $COMMBENCH_LINK_BURST or $OMP_NUM_THREADS
+    (ValueError, one line) before anything starts."""
     from commbench import comm
     from commbench.bench import openmp
     from commbench.comm import p2p, tcp
@@ -248,6 +248,7 @@ def check_environment() -> None:
     comm.stage_whole_from()
     p2p.duplex_setting()
     wirecount.shaped_link_gbps()
+    wirecount.shaped_burst_bytes()
     openmp.omp_threads()
 
 

@@ -320,6 +320,7 @@ def host_env(base: dict[str, str], topo: Topology, i: int, shaping: Shaping) -> 
         GLOO_SOCKET_IFNAME=NIC,
         COMMBENCH_NIC=NIC,
         COMMBENCH_LINK_GBPS=repr(shaping.link_gbps),
+        COMMBENCH_LINK_BURST=str(shaping.burst),
         COMMBENCH_HOST_ADDRESS=topo.address(i),
     )
     env[HOST_ENV] = "1"

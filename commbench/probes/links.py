@@ -52,18 +52,27 @@ def check_rate(
     *,
     margin: float = DEFAULT_MARGIN,
     what: str = "link",
+    burst_bytes: int = 0,
 ) -> float:
     """The measured rate in GB/s; raises :class:`ImpossibleReading` when it exceeds ``max_gbps`` by
-    more than ``margin`` (a fraction) or the byte count is negative. ``max_gbps`` None checks only
-    the sign."""
+    more than ``margin`` (a fraction), beside the ``burst_bytes`` a shaped link lets through at
+    once (its token bucket, full after an idle spell), or the byte count is negative.
+    ``max_gbps`` None checks only the sign."""
     if not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"seconds must be positive and finite, got {seconds!r}")
     if not math.isfinite(measured_bytes) or measured_bytes < 0:
         raise ImpossibleReading(f"{what}: {measured_bytes!r} bytes measured in {seconds:.6g} s")
     gbps = measured_bytes / seconds / 1e9
-    if max_gbps is not None and gbps > max_gbps * (1 + margin):
+    if max_gbps is not None and measured_bytes > max_gbps * 1e9 * seconds * (1 + margin) + burst_bytes:
+        bucket = f" and a burst of {burst_bytes} bytes" if burst_bytes else ""
         raise ImpossibleReading(
-            f"{what}: {gbps:.3f} GB/s measured ({measured_bytes:.0f} bytes in {seconds:.6g} s) exceeds "
-            f"the link maximum of {max_gbps:.3f} GB/s by more than {margin:.0%}"
+            f"{what}: {_gbps(gbps)} GB/s measured ({measured_bytes:.0f} bytes in {seconds:.6g} s) exceeds "
+            f"the link maximum of {_gbps(max_gbps)} GB/s by more than {margin:.0%}{bucket}"
         )
     return gbps
+
+
+def _gbps(value: float) -> str:
+    """A rate in GB/s to three decimals, or three figures below 0.1 (a 10 Mbit/s link's 0.00125
+    and a reading above it were both "0.001")."""
+    return f"{value:.3f}" if value >= 0.1 else f"{value:.3g}"
