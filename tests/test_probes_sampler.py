@@ -62,6 +62,26 @@ def test_summary_and_json_have_nulls_where_not_measured():
     assert doc["markers"][0]["label"] == "a" and len(doc["samples"]) == len(tl.samples)
 
 
+def test_cpu_shares_at_a_millisecond_interval_stay_within_the_cores():
+    """CPU times move in 10 ms clock ticks: read each millisecond, this process's CPU was 0 or
+    1000% of one core (2019% on the 2-core VM), and the machine's often not measured at all."""
+    import hashlib
+    import os
+
+    data = bytes(1 << 20)
+    with Sampler(0.001) as s:
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:  # one core busy, mostly without the GIL the sampler needs
+            hashlib.sha256(data).digest()
+    samples = s.timeline.samples
+    cores = os.cpu_count() or 1
+    # over 50 ms or more, a tick's 10 ms is at most 20% of one core either side
+    measured = [x for x in samples if x.process_cpu_pct is not None]
+    assert len(measured) > 100 and all(x.cpu_user_pct is not None for x in measured)
+    assert max(x.process_cpu_pct for x in measured) <= 100 * cores + 40
+    assert all(x.process_cpu_pct is None for x in samples if x.t_s < 0.049)  # a tick or two: none
+
+
 def test_the_stretch_after_the_last_tick_is_sampled_at_stop():
     """Ticks came only on the interval's grid: the end of a run, up to a whole interval (60 s at
     the longest --probe-interval), was in no sample, and a run shorter than its interval had none.

@@ -48,10 +48,18 @@ class GpuSample:
     nvlink_rx_bytes_per_s: float | None
 
 
+# CPU times move in clock ticks (10 ms on Linux): over a tick of 1 ms a process's CPU read 0 or
+# 1000% of one core (2019% at most on a 2-core VM) and the machine's often nothing. CPU shares are
+# taken over the last CPU_WINDOW_S or more, which at the default interval (0.1 s) is the tick; a
+# tick before the run is that old has none (null, not measured).
+CPU_WINDOW_S = 0.05
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Sample:
-    """One tick: seconds since start, machine CPU split (% of all cores), this process's CPU (% of
-    one core), resident memory, interface rates over the last tick, and one row per GPU."""
+    """One tick: seconds since start, machine CPU split (% of all cores) and this process's CPU (% of
+    one core) over the last :data:`CPU_WINDOW_S` or more, resident memory, interface rates over
+    the last tick, and one row per GPU."""
 
     t_s: float
     cpu_user_pct: float | None
@@ -398,6 +406,7 @@ class Sampler:
         self._nic = _NicTotals(nic) if nic is not None else None
         self._thread_cpu_s = 0.0
         self._error: BaseException | None = None
+        self._cpu_points: list[_Point] = []  # the recent ticks, oldest first, CPU_WINDOW_S back
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -518,12 +527,28 @@ class Sampler:
             gpu_resets=gpu_resets,
         )
 
+    def _cpu_window(self, prev: _Point, point: _Point) -> _Point:
+        """The latest tick at least :data:`CPU_WINDOW_S` before ``point`` (``prev`` where the
+        interval is that long; the first tick while the run is younger), whence CPU shares are taken."""
+        points = self._cpu_points
+        if not points or points[-1] is not prev:
+            points[:] = [prev]
+        while len(points) > 1 and point.t - points[1].t >= CPU_WINDOW_S:
+            points.pop(0)
+        base = points[0]
+        points.append(point)
+        return base
+
     def _tick(self, prev: _Point) -> tuple[_Point, Sample]:
         # Gauges only: the counters are read once, under the lock, by _point.
         readings = {d.index: self.nvml.read(d.index, counters=False) for d in self._devices}  # type: ignore[union-attr]
         point = self._point()
         dt = point.t - prev.t
-        user, system = host.machine_cpu_percent(prev.machine, point.machine)
+        cpu_from = self._cpu_window(prev, point)
+        cpu_s = point.t - cpu_from.t
+        user, system = host.machine_cpu_percent(cpu_from.machine, point.machine)
+        if cpu_s < CPU_WINDOW_S * 0.99:  # the run's first ticks: shares of a tick or two, not measured
+            user = system = None
 
         def rate(a: int | None, b: int | None) -> float | None:
             return None if a is None or b is None or dt <= 0 else (b - a) / dt
@@ -571,7 +596,9 @@ class Sampler:
             t_s=point.t - self._t0,
             cpu_user_pct=user,
             cpu_system_pct=system,
-            process_cpu_pct=host.process_cpu_percent(prev.process, point.process, dt),
+            process_cpu_pct=None
+            if user is None and cpu_s < CPU_WINDOW_S * 0.99
+            else host.process_cpu_percent(cpu_from.process, point.process, cpu_s),
             rss_bytes=host.rss_bytes(self._process),
             nic_tx_bytes_per_s=None
             if nic_now is None or nic_prev is None
