@@ -465,6 +465,32 @@ def test_computed_bytes_counts_every_call_of_every_point():
     assert cluster.computed_bytes([{"type": "header"}], 4, 0) is None
 
 
+def test_a_training_runs_bytes_are_priced_per_strategy_and_epoch():
+    """train and compare inside the cluster printed '-' for every computed column: only a sweep's
+    records were read. Each strategy's bytes an epoch count once for each epoch it ran."""
+
+    def summary(strategy, sent, received):
+        return {"type": "train_summary", "strategy": strategy, "wire_bytes_per_rank_per_epoch": sent,
+                "wire_recv_bytes_per_rank_per_epoch": received}  # fmt: skip
+
+    def epoch(strategy, n, tx, computed):
+        hosts = [{"rank": r, "address": f"198.18.0.{100 + r}", "tx_bytes": tx, "rx_bytes": tx,
+                  "computed_tx_bytes": computed, "computed_rx_bytes": computed} for r in (0, 1)]  # fmt: skip
+        return {"type": "epoch", "strategy": strategy, "epoch": n, "hosts": hosts}
+
+    records = [
+        {"type": "header"},
+        *(epoch(s, n, 1000 * n, 900) for n in (1, 2) for s in ("naive", "ring")),
+        summary("naive", [300, 100], [100, 300]),  # a broadcast's root sends more than it receives
+        summary("ring", [200, 200], [200, 200]),
+    ]
+    assert cluster.computed_bytes(records, 2, calls_extra=1) == ([2 * 500, 2 * 300], [2 * 300, 2 * 500])
+    tables = cluster.per_point_tables(records)
+    assert "# naive: per step, mean of its epochs, counted by each rank" in tables
+    assert "    0  198.18.0.100      0.002      0.001  1.667" in tables  # (1000 + 2000) / 2 against 900
+    assert cluster.computed_bytes([*records, summary("dp", None, None)], 2, 0) is None  # not priced
+
+
 # ---------------------------------------------------------------- real clusters
 
 

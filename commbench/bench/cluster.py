@@ -10,6 +10,7 @@ cost model says the run moves; everything built is removed when the run ends, ho
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import json
@@ -560,17 +561,37 @@ def computed_bytes(
     records: Sequence[dict[str, Any]], world: int, calls_extra: int
 ) -> tuple[list[int], list[int]] | None:
     """Per-rank payload bytes sent and received over a whole sweep, from its records' cost-model
-    fields: each point runs warmup + iters times, plus ``calls_extra`` (the check). None when the
-    records are not a sweep's."""
+    fields: each point runs warmup + iters times, plus ``calls_extra`` (the check); or over a
+    whole training run (train or compare): each strategy's epochs times its bytes an epoch. None
+    when the records are neither's, or a training run's strategies are not all priced."""
     sweep = [r for r in records if r.get("type") == "sweep" and "computed_sent_bytes_per_rank" in r]
-    if not sweep:
-        return None
     tx, rx = [0] * world, [0] * world
+    if not sweep:
+        return _trained_bytes(records, tx, rx)
     for r in sweep:
         calls = r["warmup"] + r["iters"] + calls_extra
         for rank in range(min(world, len(r["computed_sent_bytes_per_rank"]))):
             tx[rank] += calls * r["computed_sent_bytes_per_rank"][rank]
             rx[rank] += calls * r["computed_recv_bytes_per_rank"][rank]
+    return tx, rx
+
+
+def _trained_bytes(
+    records: Sequence[dict[str, Any]], tx: list[int], rx: list[int]
+) -> tuple[list[int], list[int]] | None:
+    """:func:`computed_bytes` of a training run: gradients and buffers, not the parameters sent
+    once at the start or the evaluation's metrics."""
+    summaries = [r for r in records if r.get("type") == "train_summary"]
+    epochs = collections.Counter(r.get("strategy") for r in records if r.get("type") == "epoch")
+    if not summaries:
+        return None
+    for s in summaries:
+        sent, received = s.get("wire_bytes_per_rank_per_epoch"), s.get("wire_recv_bytes_per_rank_per_epoch")
+        if sent is None or received is None:  # not modelled, or written before received bytes were
+            return None
+        for rank in range(min(len(tx), len(sent), len(received))):
+            tx[rank] += epochs[s.get("strategy")] * int(sent[rank])
+            rx[rank] += epochs[s.get("strategy")] * int(received[rank])
     return tx, rx
 
 
@@ -623,12 +644,18 @@ def traffic_table(hosts: Sequence[HostTraffic], title: str) -> str:
 
 def per_point_tables(records: Sequence[dict[str, Any]]) -> str | None:
     """From sweep records that carry ``hosts`` (per-iteration bytes measured by each rank): per
-    algorithm, each host's bytes summed over the sizes. None when no record carries them."""
+    algorithm, each host's bytes summed over the sizes; from epoch records (per-step bytes): per
+    strategy, each host's bytes a step, the mean of its epochs. None when no record carries them."""
     sums: dict[str, dict[int, list[float]]] = {}
+    epochs: collections.Counter[str] = collections.Counter()
     for r in records:
-        if r.get("type") != "sweep" or not r.get("hosts"):
+        if r.get("type") not in ("sweep", "epoch") or not r.get("hosts"):
             continue
-        name = "limit" if r.get("collective") == "sendrecv" else r.get("algorithm", "?")
+        if r["type"] == "epoch":
+            name = str(r.get("strategy", "?"))
+            epochs[name] += 1
+        else:
+            name = "limit" if r.get("collective") == "sendrecv" else r.get("algorithm", "?")
         per = sums.setdefault(name, {})
         for h in r["hosts"]:
             acc = per.setdefault(int(h["rank"]), [0.0] * 6)
@@ -641,19 +668,21 @@ def per_point_tables(records: Sequence[dict[str, Any]]) -> str | None:
     address = {int(h["rank"]): str(h.get("address", "?")) for r in records for h in r.get("hosts") or []}
     lines = []
     for name, per in sums.items():
+        n = epochs[name] or 1  # a sweep's are summed over its sizes
         hosts = [
             HostTraffic(
                 rank=rank,
                 address=address.get(rank, "?"),
                 nic=NIC,
-                tx_bytes=int(acc[0]),
-                rx_bytes=int(acc[2]),
-                computed_tx_bytes=int(acc[1]) or None,
-                computed_rx_bytes=int(acc[3]) or None,
+                tx_bytes=int(acc[0] / n),
+                rx_bytes=int(acc[2] / n),
+                computed_tx_bytes=int(acc[1] / n) or None,
+                computed_rx_bytes=int(acc[3] / n) or None,
             )
             for rank, acc in sorted(per.items())
         ]
-        lines.append(traffic_table(hosts, f"{name}: per iteration, summed over sizes, counted by each rank"))
+        what = "per step, mean of its epochs" if epochs[name] else "per iteration, summed over sizes"
+        lines.append(traffic_table(hosts, f"{name}: {what}, counted by each rank"))
     return "\n".join(lines)
 
 

@@ -362,6 +362,7 @@ VALUES: dict[str, dict[str, str]] = {
         "trainable_params": NUMBER,
         "grad_bytes_per_epoch": NUMBER,
         "wire_bytes_per_rank_per_epoch": NUMBERS,
+        "wire_recv_bytes_per_rank_per_epoch": NUMBERS,
         "step_time_ratio_to_ddp": NUMBER,
     },
     "bandwidth": {

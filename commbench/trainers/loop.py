@@ -255,6 +255,7 @@ class TrainSummary:
     wire_bytes_per_rank_per_epoch: list[int] | None
     step_time_ratio_to_ddp: float | None
     samples: int | None = None  # the training set's size: a whole pass is samples // global batch syncs
+    wire_recv_bytes_per_rank_per_epoch: list[int] | None = None  # as sent, but received
     type: str = "train_summary"
 
 
@@ -528,7 +529,7 @@ def summarise(
     numels = [p.numel() for p in trainer.params]
     itemsize = trainer.params[0].element_size()
     syncs = syncs_per_epoch(num_samples, batch_size, world, config.steps_per_epoch)
-    wire = computed_wire_bytes(
+    both = wire_bytes_per_sync(
         trainer.strategy, world, numels, itemsize, config, trainer.buffer_bytes, backend=trainer.backend
     )
     reached = next(
@@ -579,7 +580,8 @@ def summarise(
         syncs_per_epoch=syncs,
         samples=num_samples,
         grad_bytes_per_epoch=grad_bytes_per_epoch(sum(numels), itemsize, syncs),
-        wire_bytes_per_rank_per_epoch=[w * syncs for w in wire] if wire is not None else None,
+        wire_bytes_per_rank_per_epoch=[w * syncs for w in both[0]] if both is not None else None,
+        wire_recv_bytes_per_rank_per_epoch=[w * syncs for w in both[1]] if both is not None else None,
         step_time_ratio_to_ddp=None,
     )
 
