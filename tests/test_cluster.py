@@ -417,6 +417,9 @@ def test_failure_text_and_first_failure():
     assert cluster.failure_text(raised, 1) == "RuntimeError: Connection closed by peer"
     assert cluster.failure_text(bad, 2) == "error: unknown algorithm 'x'"
     assert cluster.failure_text("", 3) == "exited with code 3"
+    # a rank under torchrun names itself; the cluster's message names it once, not twice
+    named = "commbench: rank 0 failed: RuntimeError: Connection closed by peer [198.18.0.102]:4242\n"
+    assert cluster.failure_text(named, 1) == "RuntimeError: Connection closed by peer [198.18.0.102]:4242"
     # The killed rank is the cause even when its peers' errors were seen first.
     first = cluster.first_failure(
         {0: (1.0, "RuntimeError: closed", False), 2: (1.2, "killed by SIGKILL", False)}

@@ -519,8 +519,8 @@ def failure_text(log: str, returncode: int | None) -> str:
     errors = [line.strip() for line in log.splitlines() if _ERROR.match(line.strip())]
     noise = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError", "ChildFailedError")
     errors = [e for e in errors if not e.startswith(noise)]
-    if errors:
-        return errors[-1].removeprefix("commbench: ")
+    if errors:  # a rank under torchrun names itself ("rank 0 failed: ..."), as the cluster does
+        return re.sub(r"^rank \d+ failed: ", "", errors[-1].removeprefix("commbench: "))
     if returncode is not None and returncode < 0:
         return f"killed by {signal.Signals(-returncode).name}"
     return f"exited with code {returncode}"
