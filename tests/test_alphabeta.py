@@ -181,6 +181,14 @@ def test_table_lists_each_point_with_its_error():
     assert text.count("naive") == text.count("ring") == 4  # 1, 4, 16, 64 MiB
 
 
+def test_a_fit_of_small_points_alone_gives_no_beta():
+    small = [p for p in alphabeta.points(_synthetic()) if p.size_bytes < 1 << 20]  # 1 KiB to 256 KiB
+    model = alphabeta.fit(small)
+    text = alphabeta.table(model, alphabeta.compare(small, model))
+    assert "us per step, beta not measured (no point of 1 MiB or more" in text
+    assert "ns/B" not in text and text.count("\n") == 1  # the header lines alone
+
+
 def test_table_rows_carry_measured_predicted_and_error():
     model = alphabeta.fit(alphabeta.points(_synthetic()))
     rows = [

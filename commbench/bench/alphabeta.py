@@ -194,9 +194,15 @@ def compare(pts: Sequence[Point], model: AlphaBeta, *, min_bytes: int = 1 << 20)
 def table(model: AlphaBeta, rows: Sequence[Row]) -> str:
     """The fitted parameters and, per algorithm, predicted beside measured time."""
     bw = f"{model.gbps:.4f} GB/s" if model.gbps else "inf"
+    # Under 1 MiB the time is mostly the steps': a beta fitted there (0 ns/B, or 0.01 GB/s on a
+    # 1 Gbit/s link) was printed as if measured.
+    beta = (
+        f"beta = {model.beta_s_per_byte * 1e9:.4f} ns/B (1/beta = {bw})"
+        if rows
+        else "beta not measured (no point of 1 MiB or more, where bytes set the time: give -e 1M or more)"
+    )
     lines = [
-        f"# alpha-beta fit over {model.points} points: alpha = {model.alpha_s * 1e6:.1f} us per step, "
-        f"beta = {model.beta_s_per_byte * 1e9:.4f} ns/B (1/beta = {bw})",
+        f"# alpha-beta fit over {model.points} points: alpha = {model.alpha_s * 1e6:.1f} us per step, {beta}",
         f"#{'algorithm':>10} {'size(B)':>12} {'measured(us)':>13} {'predicted(us)':>14} {'error':>7}",
     ]
     for r in rows:
@@ -204,6 +210,4 @@ def table(model: AlphaBeta, rows: Sequence[Row]) -> str:
             f"{r.algorithm:>11} {r.size_bytes:>12} {r.measured_us:>13.1f} {r.predicted_us:>14.1f} "
             f"{r.error:>+7.1%}"
         )
-    if not rows:
-        lines.append("# (no point of 1 MiB or more)")
     return "\n".join(lines)
