@@ -156,6 +156,8 @@ def test_the_cluster_report_says_why_no_fit_was_made():
     config = ClusterConfig(hosts=4, shaping=Shaping(rate_bit=10**9), inner=("sweep",))
     text = report(config, [], records)
     assert "# alpha-beta fit not made: alpha and beta cannot be told apart" in text
+    one = ClusterConfig(hosts=1, shaping=Shaping(rate_bit=10**9), inner=("sweep",))
+    assert "# cluster: 1 host, links 1 Gbit/s" in report(one, [], [])  # was "1 hosts"
 
 
 def test_points_skip_records_without_a_finite_time():

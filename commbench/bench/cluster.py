@@ -122,7 +122,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--burst",
         default=None,
-        help="token-bucket size, bytes or with a K/M suffix (2^10, 2^20; default 8 ms of the rate, >= 128K)",
+        help="token-bucket size, bytes or with a K/M/G suffix (2^10, 2^20, 2^30; default 8 ms of the "
+        "rate, >= 128K)",
     )
     p.add_argument(
         "--mtu", type=int, default=1500, help="MTU of every link (default 1500; 9000: jumbo frames)"
@@ -694,7 +695,8 @@ def report(config: ClusterConfig, hosts: Sequence[HostTraffic], records: Sequenc
     netem = (("delay", s.delay_us, "us"), ("jitter", s.jitter_us, "us"), ("loss", s.loss_percent, "%"))
     extra = "".join(f", {name} {value:g}{unit}" for name, value, unit in netem if value)
     parts = [
-        f"\n# cluster: {config.hosts} hosts, links {s.link_gbps:g} Gbit/s each way "
+        f"\n# cluster: {config.hosts} host{'s' if config.hosts != 1 else ''}, "
+        f"links {s.link_gbps:g} Gbit/s each way "
         f"(MTU {s.mtu}, tbf burst {s.burst} B, queue {s.queue_ms:g} ms{extra})",
         traffic_table(hosts, "whole run, counted at each host's switch port (frames)"),
     ]
