@@ -369,7 +369,7 @@ def test_two_gloo_ranks_use_one_connection_per_direction(worlds, world_size):
     results = worlds(world_size).run(("routes", {}))
     assert all(r["sum_ok"] for r in results)
     assert all(r["upward_is_group"] for r in results)
-    # two ranks: rank 1 -> rank 0 goes through the companion group; three or more: one group
+    # two ranks: rank 1 -> rank 0 goes through the companion; three or more: one group
     assert [r["downward_is_group"] for r in results] == [world_size > 2] * world_size
     if world_size == 2:
         assert all(r["sends_on_my_route"] for r in results)
@@ -416,6 +416,55 @@ def test_a_group_with_a_backend_per_device_or_none_is_taken_for_what_moves_each_
 def test_threads_first_calls_on_groups_of_their_own_keep_each_groups_connections(worlds):
     results = worlds(2).run(("threads_first_calls", {}))
     assert results == [{"sums": [[2.0], [200.0]], "two_connections": [True, True]}] * 2
+
+
+PEER = """
+import sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+from commbench import comm
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, is_master=False, timeout=timedelta(seconds=30))
+dist.init_process_group("gloo", store=store, rank=1, world_size=2, timeout=timedelta(seconds=20))
+tensor = torch.ones(1000)
+comm.all_reduce(tensor, algorithm="ring")
+dist.destroy_process_group()
+sys.exit(0 if bool((tensor == 2).all()) else 3)
+"""
+
+
+def test_a_process_in_its_second_world_pairs_with_a_fresh_peer_and_the_first_is_shut():
+    """This process is rank 0 of two 2-rank worlds in turn, each with a new peer (as the benchmark
+    suite's pytest process is). The companions were keyed by how many this process had made, so
+    the second world's two ranks waited under different keys until the timeout. And one of a
+    group still held after destroy_process_group kept its connection open."""
+    import subprocess
+    from datetime import timedelta
+
+    from commbench import comm
+    from commbench.comm import p2p
+    from tests.world import free_port
+
+    held = []
+    for _ in range(2):
+        port = free_port()
+        peer = subprocess.Popen([sys.executable, "-c", PEER, str(port)])
+        try:
+            store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timedelta(seconds=30))
+            dist.init_process_group("gloo", store=store, rank=0, world_size=2, timeout=timedelta(seconds=20))
+            try:
+                tensor = torch.ones(1000)
+                comm.all_reduce(tensor, algorithm="ring")
+                assert bool((tensor == 2).all())
+                held.append(dist.group.WORLD)
+                assert p2p._companion(None) is not None
+            finally:
+                dist.destroy_process_group()
+            assert peer.wait(60) == 0
+        finally:
+            if peer.poll() is None:
+                peer.kill()
+    p2p._close_destroyed()  # as the next hand-written call does
+    assert [p2p._COMPANIONS.get(g) for g in held] == [None, None]
 
 
 def test_duplex_can_be_turned_off_for_comparison(worlds):

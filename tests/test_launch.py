@@ -379,7 +379,7 @@ real = p2p.enable_duplex
 
 def slow_duplex(group):
     if os.environ["RANK"] == "0":
-        time.sleep(120)  # rank 1 meanwhile waits in the companion group's C++ connect
+        time.sleep(120)  # rank 1 meanwhile waits in the companion's C++ connect
     else:
         Path(sys.argv[1]).write_text(str(os.getpid()))
     real(group)
@@ -402,7 +402,7 @@ if __name__ == "__main__":
 
 @pytest.mark.slow
 def test_a_stop_while_a_rank_connects_its_second_group_ends_it_at_once(tmp_path):
-    """Two ranks connect a companion group after joining (p2p.enable_duplex), in a C++ wait on the
+    """Two ranks connect a companion after joining (p2p.enable_duplex), in a C++ wait on the
     launcher's store. A Python handler there would run only once that wait failed, when the
     launcher exited: the launcher waited out its 30 s grace, and the rank printed the store's C++
     error. The rank takes the default action until its connections are made."""
@@ -827,14 +827,13 @@ def test_a_forked_rank_keeps_its_stops_from_finalisers():
 def _companion_timeout() -> float:
     from commbench.comm import p2p
 
-    companion = p2p._COMPANIONS[dist.group.WORLD][0]
-    return p2p.group_timeout(companion).total_seconds()
+    return p2p._companion(None).options._timeout.total_seconds()
 
 
-def test_the_companion_group_keeps_the_launch_timeout():
-    """The second connection of two gloo ranks (p2p.enable_duplex) is a group of its own; made
-    without a timeout it took torch's 30 minutes, and a rank stuck on a silent peer there hung
-    the run past --timeout."""
+def test_the_companion_keeps_the_launch_timeout():
+    """The second connection of two gloo ranks (p2p.enable_duplex) is a gloo connection of its
+    own; made without a timeout it took torch's 30 minutes, and a rank stuck on a silent peer
+    there hung the run past --timeout."""
     assert run(_companion_timeout, (), LaunchSpec(world_size=2, timeout_s=7)) == {0: 7.0, 1: 7.0}
 
 

@@ -11,7 +11,7 @@ A job of two ranks on gloo gets one connection per direction (:func:`enable_dupl
 pair of ranks in a group by one connection, and two ranks exchanging through it were measured
 to move data closer to half duplex than full. In a ring of more than two ranks each connection
 carries one direction anyway (a rank sends right and receives from the left), but with two
-ranks left and right are the same peer. With the companion group, messages from the lower rank
+ranks left and right are the same peer. With the companion, messages from the lower rank
 to the higher go through the group's own connection and the others through the companion's, a
 rule both ends derive from the two ranks alone. The companion is a gloo connection joined under
 the group's name, not a group of torch's (:func:`_companion_of`). On the 2-core
@@ -26,8 +26,8 @@ above, and the congestion control of local connections (:mod:`commbench.comm.tcp
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
-import threading
 import weakref
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -126,10 +126,10 @@ def duplex_setting(environ: Mapping[str, str] | None = None) -> bool:
     return value == "1"
 
 
-# group -> its reverse-direction companion (ranks 0 and 1 in it as in the group). Weak,
-# as is _PREPARED: a group kept alive past destroy_process_group was freed at the interpreter's
-# exit, where its gloo threads could end the rank with SIGABRT ("terminate called without an
-# active exception") after its work was done.
+# group -> its reverse-direction companion (ranks 0 and 1 in it as in the group). Weak, as is
+# _PREPARED, and shut down once torch has destroyed the group (_close_destroyed) or at the exit:
+# one kept alive past destroy_process_group was freed at the interpreter's exit, where its gloo
+# threads could end the rank with SIGABRT ("terminate called without an active exception").
 _COMPANIONS: weakref.WeakKeyDictionary[dist.ProcessGroup, dist.ProcessGroupGloo] = weakref.WeakKeyDictionary()
 
 
@@ -166,13 +166,31 @@ def enable_duplex(group: dist.ProcessGroup | None) -> None:
     _COMPANIONS[key] = _companion_of(key)
 
 
-# Companions made per group name in this process: a job that makes its groups anew after
-# destroy_process_group reuses names ("0" for the world), and the store may outlive it.
-_MADE: dict[str, int] = {}
-_MADE_LOCK = threading.Lock()
-# Freed with their groups; those of groups still held at the exit are freed before the
-# interpreter's end, where gloo's threads could abort the process (see _COMPANIONS).
-atexit.register(_COMPANIONS.clear)
+def _close(group: dist.ProcessGroup) -> None:
+    """Shut ``group``'s companion down and forget it."""
+    companion = _COMPANIONS.pop(group, None)
+    if companion is not None:
+        with contextlib.suppress(RuntimeError):
+            companion.shutdown()
+
+
+def _close_destroyed() -> None:
+    """Shut down the companions of groups torch has destroyed. ``destroy_process_group`` shuts its
+    own groups down; a companion is none of them, and kept its sockets and threads while anything
+    still held its group."""
+    if _COMPANIONS:
+        live = dist.distributed_c10d._world.pg_map
+        for group in [g for g in list(_COMPANIONS.keys()) if g not in live]:
+            _close(group)
+
+
+def _close_all() -> None:
+    """At the exit: before the interpreter's end, where gloo's threads could abort the process."""
+    for group in list(_COMPANIONS.keys()):
+        _close(group)
+
+
+atexit.register(_close_all)
 
 
 def _companion_of(group: dist.ProcessGroup) -> dist.ProcessGroupGloo:
@@ -184,19 +202,20 @@ def _companion_of(group: dist.ProcessGroup) -> dist.ProcessGroupGloo:
     own, the ranks made the two companions in different orders and joined one group's on one
     rank to the other group's on the other; the sums came back mixed, without an error. Not a
     group of torch's either, so torch's count of groups stays the same on every rank of the job.
+    A job that makes its groups anew reuses their names ("0" for the world) and may keep its
+    store: the two ranks count their joins under the name in the store, so each companion has
+    a key of its own, the same on both, whatever either process made before.
     """
     name = group.group_name
-    with _MADE_LOCK:
-        made = _MADE.get(name, 0)
-        _MADE[name] = made + 1
     store = dist.distributed_c10d._get_default_store()
     try:
         # A connection of its own: a store's client answers one call at a time, and two threads'
         # companions each waited there for its peer behind the other's call until the timeout.
         store = store.clone()
-    except (AttributeError, RuntimeError):  # a store that cannot (a file's): one at a time
+    except (AttributeError, RuntimeError):  # a store that cannot: one call at a time
         pass
-    store = dist.PrefixStore(f"commbench/duplex/{name}/{made}/", store)
+    joined = store.add(f"commbench/duplex/{name}/joins", 1)  # 1 and 2 for the first pair, ...
+    store = dist.PrefixStore(f"commbench/duplex/{name}/{(joined - 1) // 2}/", store)
     timeout = group_timeout(group) or timedelta(minutes=30)
     return dist.ProcessGroupGloo(store, dist.get_rank(group), 2, timeout=timeout)
 
@@ -209,9 +228,11 @@ def prepare(group: dist.ProcessGroup | None) -> None:
     connection for two gloo ranks (:func:`enable_duplex`) and, on gloo, unpaced congestion
     control on connections within this host (:mod:`commbench.comm.tcp`).
 
-    Every rank of ``group`` must call this at the same point the first time (it may create a
-    process group); later calls return at once.
+    Every rank of ``group`` must call this at the same point the first time (it may join a
+    second connection); later calls return at once, having shut down the companions of groups
+    destroyed since.
     """
+    _close_destroyed()
     key = _resolved(group)
     if key in _PREPARED:
         return
