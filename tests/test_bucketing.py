@@ -201,6 +201,11 @@ def test_views_of_the_bucket_only_as_their_own_slices() -> None:
     pack([torch.empty(2, device="meta"), torch.empty(2, device="meta")], torch.empty(4, device="meta"))
 
 
+def _inference(n: int) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.zeros(n)
+
+
 def test_any_iterable_is_packed_and_what_cannot_be_written_is_refused_before_a_copy() -> None:
     """A generator was used up by the check, so pack and unpack copied nothing without a word;
     unpack wrote the first tensor before a later one (expanded, or a leaf that requires grad)
@@ -215,6 +220,8 @@ def test_any_iterable_is_packed_and_what_cannot_be_written_is_refused_before_a_c
     for last, needle in (
         (torch.zeros(1).expand(2), "tensor 1 has elements over one another"),
         (torch.zeros(2, requires_grad=True), "tensor 1 is a leaf that requires grad"),
+        (torch.zeros(4, requires_grad=True)[:2], "tensor 1 is a leaf that requires grad, or a view of one"),
+        (_inference(2), "tensor 1 is an inference tensor"),
     ):
         with pytest.raises(ValueError, match=needle):
             unpack(torch.arange(4.0), [first, last])

@@ -76,14 +76,21 @@ def pack(tensors: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
 def unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     """Copy consecutive slices of the flat buffer back into ``tensors`` (the inverse of ``pack``,
     with the same checks, and each of ``tensors`` one a copy may write: no element of it over
-    another, as an expanded tensor's, and no leaf that requires grad while autograd records)."""
+    another, as an expanded tensor's, no leaf that requires grad (or view of one) while autograd
+    records, and no inference tensor outside inference mode)."""
     tensors = list(tensors)
     _check(flat, tensors)
     for i, t in enumerate(tensors):
         if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True)):
             raise ValueError(f"tensor {i} has elements over one another (an expanded tensor); give a copy")
-        if t.requires_grad and t.is_leaf and torch.is_grad_enabled():
-            raise ValueError(f"tensor {i} is a leaf that requires grad; unpack under torch.no_grad()")
+        leaf = t if t._base is None else t._base
+        if t.requires_grad and leaf.is_leaf and leaf.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"tensor {i} is a leaf that requires grad{'' if t is leaf else ', or a view of one'}; "
+                "unpack under torch.no_grad()"
+            )
+        if t.is_inference() and not torch.is_inference_mode_enabled():
+            raise ValueError(f"tensor {i} is an inference tensor; unpack under torch.inference_mode()")
     offset = 0
     for t in tensors:
         n = t.numel()
