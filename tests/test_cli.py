@@ -876,7 +876,7 @@ def test_only_broadcast_and_reduce_record_a_root(tmp_path, capsys):
     only where there is one (all_gather's said root 1), and its op only where one is applied."""
     one = ["-b", "4K", "-e", "4K", "--world-size", "1", "-n", "1", "-w", "0", "--no-probe", "-q"]
     got = {}
-    for collective, root in (("all_gather", 5), ("all_reduce", 3), ("broadcast", 0), ("reduce", 0)):
+    for collective, root in (("all_gather", 5), ("all_reduce", -1), ("broadcast", 0), ("reduce", 0)):
         path = tmp_path / f"{collective}.jsonl"
         argv = ["sweep", "--collective", collective, "-r", str(root), "-o", "max", *one, "--json", str(path)]
         assert main(argv) == 0, capsys.readouterr().err

@@ -367,6 +367,25 @@ def test_a_stop_signal_outside_the_hosts_run_unwinds_and_keeps_the_record(
         assert not out.exists()
 
 
+def test_a_training_run_without_json_is_given_the_clusters_own(monkeypatch, capsys):
+    """Only a sweep got one, so train and compare without --json printed '-' for every computed
+    column: the cluster had no records to read them from."""
+    monkeypatch.setattr(netns, "check_privileges", lambda: None)
+
+    def run_hosts(config, argv, work):
+        assert argv[-2:] == ["--json", str(work / "train.jsonl")]
+        summary = {"type": "train_summary", "strategy": "ring", "wire_bytes_per_rank_per_epoch": [500, 500],
+                   "wire_recv_bytes_per_rank_per_epoch": [500, 500]}  # fmt: skip
+        lines = [{"type": "epoch", "strategy": "ring", "epoch": 1}, summary]
+        Path(argv[-1]).write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return {0: (510, 505), 1: (505, 510)}
+
+    monkeypatch.setattr(cluster, "run_hosts", run_hosts)
+    assert cli.main(["cluster", "--hosts", "2", "--", "train", "--strategy", "ring"]) == 0
+    out = capsys.readouterr().out
+    assert "    0  198.18.0.100      0.001      0.001  1.020      0.001      0.001  1.010" in out
+
+
 def test_a_stop_after_a_csv_only_sweep_names_its_rows(tmp_path, monkeypatch, capsys):
     """The cluster named only the inner command's --json, so a sweep with --csv alone stopped at
     the end said 'interrupted' and nothing of the rows its hosts had written."""

@@ -182,7 +182,7 @@ def _check_outputs(inner: argparse.Namespace) -> None:
     if json_path and is_stream(json_path) and os.path.realpath(json_path) != os.devnull:
         raise ValueError(
             f"--json {shown(json_path)} is not a file: the cluster reads its records back to count each "
-            "host's bytes; give a file (a sweep without --json gets one of the cluster's own)"
+            "host's bytes; give a file (a run without --json gets one of the cluster's own)"
         )
     check_outputs(**outputs, beside=plots_beside(inner.command, outputs["plot"], not inner.no_probe))
 
@@ -217,8 +217,8 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
         json_path = getattr(inner, "json", None)
         argv = list(config.inner)
         # The report, and the check for wrong results, need the records (the last --json counts).
-        if config.inner[0] == "sweep" and (not json_path or os.path.realpath(json_path) == os.devnull):
-            json_path = str(Path(work, "sweep.jsonl"))
+        if not json_path or os.path.realpath(json_path) == os.devnull:  # sweep, train or compare
+            json_path = str(Path(work, f"{config.inner[0]}.jsonl"))
             argv += ["--json", json_path]
         measured = run_hosts(config, argv, Path(work))
         with signals.noted(signals.STOPS) as stopped:  # the run's record is written whole, or not at all

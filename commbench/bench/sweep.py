@@ -127,7 +127,7 @@ class SweepConfig:
             check_op(self.op, dtype)
         elif self.op not in OPS:  # not used, but a mistyped op ran the whole sweep without a word
             raise ValueError(f"unknown op {self.op!r}; choose from {', '.join(OPS)}")
-        if self.root < 0:
+        if self.root < 0 and SPECS[self.collective].has_root:  # the others take any, as nccl-tests does
             raise ValueError(f"root must be >= 0, got {self.root}")
         if self.in_place and self.collective not in TWO_FORMS:
             form = (
