@@ -290,7 +290,9 @@ def test_a_rings_receive_slots_stay_within_the_look_ahead_bytes_however_large_th
     # Slots hold the receives posted ahead, each up to a segment: their bytes are capped by
     # pipeline.RECV_AHEAD_BYTES (or one segment, where a segment alone is larger), not by the message.
     cap = max(RECV_AHEAD_BYTES, segment_bytes)
-    for count in (1 << 20, 1 << 28):  # 4 MiB and 1 GiB of float32
+    # 32 GiB of float32: chunks past MAX_SEGMENTS segments of 1 MiB, cut into larger ones (the
+    # slots were sized by the 1 MiB asked for, and came to 256 MiB at 2 ranks)
+    for count in (1 << 20, 1 << 28, 1 << 33):  # 4 MiB, 1 GiB and 32 GiB of float32
         for collective in ("all_reduce", "reduce_scatter"):
             got = scratch_bytes(collective, "ring", world, count, 4, segment_bytes=segment_bytes)
             spare = 0 if collective == "all_reduce" or world <= 2 else count // world * 4

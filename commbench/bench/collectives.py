@@ -32,7 +32,7 @@ import torch
 
 from commbench import comm
 from commbench.comm import p2p, pipeline, ring
-from commbench.comm.chunking import num_segments, split
+from commbench.comm.chunking import num_segments, segment_bytes_cut, split
 from commbench.comm.costmodel import bus_factor
 from commbench.comm.pipeline import Unit
 from commbench.units import AmbiguousSize, parse_size
@@ -428,7 +428,9 @@ class SendRecv(_Spec):
             right=(rank + 1) % world,
             left=(rank - 1) % world,
             lag=1,
-            recv_ahead=pipeline.receives_ahead(group, segment_bytes, b.input.device),
+            recv_ahead=pipeline.receives_ahead(
+                group, segment_bytes_cut(n, b.input.element_size(), segment_bytes), b.input.device
+            ),
             op="sum",
             group=group,
         )

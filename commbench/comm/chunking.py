@@ -42,6 +42,14 @@ def num_segments(max_chunk_elems: int, itemsize: int, segment_bytes: int) -> int
     return max(1, min(max_chunk_elems, wanted, MAX_SEGMENTS))
 
 
+def segment_bytes_cut(max_chunk_elems: int, itemsize: int, segment_bytes: int) -> int:
+    """The segment size the read-ahead is sized by: ``segment_bytes``, or where :data:`MAX_SEGMENTS`
+    made the segments larger than that, their size (its bytes were counted at the size asked for,
+    and passed the cap on bytes read ahead)."""
+    nseg = num_segments(max_chunk_elems, itemsize, segment_bytes)
+    return max(segment_bytes, -(-max_chunk_elems // nseg) * itemsize)
+
+
 def sub_span(span: Span, parts: int, index: int) -> Span:
     """Span ``index`` of ``span`` split into ``parts``: ``split(stop - start, parts)[index]``, worked
     out for that one span. A ring builds its schedule one segment at a time, and building the whole

@@ -24,6 +24,7 @@ from commbench.comm.chunking import (
     recursive_doubling_real,
     ring_all_gather_order,
     ring_reduce_scatter_order,
+    segment_bytes_cut,
     split,
     tree_depth,
 )
@@ -331,7 +332,7 @@ def _ring_reduce_scatter_scratch(
     posts none ahead, one per segment of a chunk), and out of place (n > 2) a spare chunk for
     partial sums."""
     nseg = num_segments(chunk, itemsize, segment_bytes)
-    ahead = 0 if backend == "nccl" else look_ahead(segment_bytes)
+    ahead = 0 if backend == "nccl" else look_ahead(segment_bytes_cut(chunk, itemsize, segment_bytes))
     return receive_slots(nseg, ahead, n) * -(-chunk // nseg) + (0 if in_place or n <= 2 else chunk)
 
 

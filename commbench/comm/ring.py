@@ -18,6 +18,7 @@ from commbench.comm.chunking import (
     num_segments,
     ring_all_gather_order,
     ring_reduce_scatter_order,
+    segment_bytes_cut,
     split,
     sub_span,
 )
@@ -100,8 +101,10 @@ def _where(flat: torch.Tensor) -> tuple:
 
 def _plan(chunks: list[Span], flat: torch.Tensor, segment_bytes: int, group) -> tuple[int, int]:
     """(segments per chunk, receives posted ahead): none ahead on NCCL (see pipeline)."""
-    nseg = num_segments(max(b - a for a, b in chunks), flat.element_size(), segment_bytes)
-    return nseg, pipeline.receives_ahead(group, segment_bytes, flat.device)
+    largest, itemsize = max(b - a for a, b in chunks), flat.element_size()
+    nseg = num_segments(largest, itemsize, segment_bytes)
+    cut = segment_bytes_cut(largest, itemsize, segment_bytes)
+    return nseg, pipeline.receives_ahead(group, cut, flat.device)
 
 
 def receive_slots(nseg: int, ahead: int, world: int) -> int:
