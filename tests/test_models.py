@@ -15,6 +15,7 @@ from commbench.trainers.models import (
     MIN_IMAGE_SIZE,
     MODELS,
     build_model,
+    check_model_options,
     default_input_shape,
     model_options,
     parse_model_options,
@@ -69,6 +70,9 @@ def test_the_smallest_image_size_runs_and_one_pixel_less_is_refused(name: str) -
     if smallest > 1:
         with pytest.raises(ValueError, match=f"image_size.*{name}.*{smallest}"):
             build_model(name, image_size=smallest - 1)
+        # as the launch checks the options before any rank starts (the ranks said it, once started)
+        with pytest.raises(ValueError, match=f"image_size.*{name}.*{smallest}"):
+            check_model_options(name, image_size=smallest - 1)
         with pytest.raises(RuntimeError), torch.no_grad():
             model.features(torch.zeros(1, 3, smallest - 1, smallest - 1))
 

@@ -336,11 +336,7 @@ def _torchvision_models() -> Any:
 
 
 def _build_backbone(name: str, opts: BackboneOptions, num_classes: int) -> nn.Module:
-    spec = _BACKBONES[name]
-    if opts.image_size < spec.min_image_size:
-        raise ValueError(
-            f"option image_size: {name} needs at least {spec.min_image_size}, got {opts.image_size}"
-        )
+    spec = _BACKBONES[name]  # its image size checked with its options (_options)
     full = getattr(_torchvision_models(), name)(weights=None)
     if opts.weights is not None:
         _load_weights(full, name, opts.weights)
@@ -496,7 +492,13 @@ def _options(name: str, options: dict[str, Any]) -> Any:
         raise ValueError(
             f"unknown option(s) {', '.join(unknown)} for model {name}; it accepts {', '.join(accepted)}"
         )
-    return entry.options(**options)
+    opts = entry.options(**options)
+    spec = _BACKBONES.get(name)
+    if spec is not None and opts.image_size < spec.min_image_size:  # said by the ranks, once started
+        raise ValueError(
+            f"option image_size: {name} needs at least {spec.min_image_size}, got {opts.image_size}"
+        )
+    return opts
 
 
 def build_model(name: str, num_classes: int = 10, **options: Any) -> nn.Module:
