@@ -623,3 +623,20 @@ def test_the_table_is_headed_by_the_command_that_ran() -> None:
         done = recorded.commbench([command, strategy, "none", *TINY, "--no-probe"])
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.startswith(f"# commbench {command}: mlp"), done.stdout[:200]
+
+
+def test_a_loss_that_stops_being_finite_is_said_under_the_table():
+    """A run at --lr 1e30 printed 'loss nan' beside 'acc 7.0%' and nothing else."""
+    from commbench.bench.train import diverged_lines
+
+    epochs = [
+        {"strategy": "ring", "epoch": 1, "loss": 2.3},
+        {"strategy": "ring", "epoch": 2, "loss": math.inf},
+        {"strategy": "ring", "epoch": 3, "loss": math.nan},
+        {"strategy": "ddp", "epoch": 1, "loss": math.nan},
+    ]
+    assert diverged_lines(epochs) == (
+        "# diverged: ring epoch 2: the loss is inf (try a smaller --lr)\n"
+        "# diverged: ddp epoch 1: the loss is nan (try a smaller --lr)\n"
+    )
+    assert diverged_lines(epochs[:1]) == ""

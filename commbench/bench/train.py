@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import shlex
 import sys
 from collections.abc import Sequence
@@ -306,6 +307,7 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
             say(probe.describe())
         say(summary_table(rows))
         say(wire_flag_lines(epochs), end="")
+        say(diverged_lines(epochs), end="")
         if probe_record is not None:
             say(overhead_line(probe_record))
     if rank0 and config.plot_path:
@@ -448,6 +450,21 @@ def plot_paths(plot_path: str) -> tuple[Path, Path]:
     """The breakdown PNG and, beside it, the loss-curve PNG."""
     p = Path(plot_path)
     return p, p.with_name(f"{p.stem}-loss{p.suffix or '.png'}")
+
+
+def diverged_lines(epochs: Sequence[dict[str, Any]]) -> str:
+    """A line under a training table for each strategy whose loss stopped being a finite number,
+    at its first such epoch: the table's 'nan' read as a result (with an accuracy beside it)."""
+    lines, seen = [], set()
+    for e in epochs:
+        loss = e.get("loss")
+        if e["strategy"] in seen or not isinstance(loss, float) or math.isfinite(loss):
+            continue
+        seen.add(e["strategy"])
+        lines.append(
+            f"# diverged: {e['strategy']} epoch {e['epoch']}: the loss is {loss} (try a smaller --lr)\n"
+        )
+    return "".join(lines)
 
 
 def wire_flag_lines(epochs: Sequence[dict[str, Any]]) -> str:
