@@ -409,6 +409,7 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | N
         index_memory_refusal,
         input_memory_refusal,
         model_memory_refusal,
+        no_batch_refusal,
         parameter_bytes,
         per_rank_batch,
         synthetic_memory_refusal,
@@ -428,11 +429,10 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | N
         )
     world = world or ranks_here
     batch = config.batch_size if config.global_batch is None else per_rank_batch(config.global_batch, world)
-    if 0 < batch and samples * config.replicate // world < batch:  # 0: the search's, on the GPU
-        # said by every rank once it had built its data (in a cluster, after the hosts were made)
-        raise ValueError(
-            f"{samples * config.replicate} samples do not make one batch of {batch} on each of {world} ranks"
-        )
+    # as every rank says once it has built its data (in a cluster, after the hosts were made);
+    # batch 0 is the search's, on the GPU
+    if batch > 0 and (refusal := no_batch_refusal(samples * config.replicate, batch, world)):
+        raise ValueError(refusal)
     memory = psutil.virtual_memory().total
     refusal = index_memory_refusal(samples * config.replicate, ranks_here, memory)
     param_bytes = parameter_bytes(config)

@@ -546,9 +546,10 @@ class Sampler:
         dt = point.t - prev.t
         cpu_from = self._cpu_window(prev, point)
         cpu_s = point.t - cpu_from.t
-        user, system = host.machine_cpu_percent(cpu_from.machine, point.machine)
-        if cpu_s < CPU_WINDOW_S * 0.99:  # the run's first ticks: shares of a tick or two, not measured
-            user = system = None
+        cpu_measured = cpu_s >= CPU_WINDOW_S * 0.99  # not in the run's first ticks: a tick or two
+        user, system = (
+            host.machine_cpu_percent(cpu_from.machine, point.machine) if cpu_measured else (None, None)
+        )
 
         def rate(a: int | None, b: int | None) -> float | None:
             return None if a is None or b is None or dt <= 0 else (b - a) / dt
@@ -596,9 +597,9 @@ class Sampler:
             t_s=point.t - self._t0,
             cpu_user_pct=user,
             cpu_system_pct=system,
-            process_cpu_pct=None
-            if user is None and cpu_s < CPU_WINDOW_S * 0.99
-            else host.process_cpu_percent(cpu_from.process, point.process, cpu_s),
+            process_cpu_pct=host.process_cpu_percent(cpu_from.process, point.process, cpu_s)
+            if cpu_measured
+            else None,
             rss_bytes=host.rss_bytes(self._process),
             nic_tx_bytes_per_s=None
             if nic_now is None or nic_prev is None

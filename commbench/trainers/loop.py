@@ -891,6 +891,14 @@ def per_rank_batch(global_batch: int, world: int) -> int:
     return global_batch // world
 
 
+def no_batch_refusal(samples: int, batch: int, world: int) -> str | None:
+    """Why ``samples`` make no whole batch of ``batch`` on each of ``world`` ranks (each rank takes
+    its floor share, and drops a last batch short of ``batch``), or None where they do."""
+    if samples // world >= batch:
+        return None
+    return f"{samples} samples do not make one batch of {batch} on each of {world} ranks"
+
+
 def _batch_size(config: TrainConfig, samples: int, device: torch.device, world: int) -> int:
     """The configured per-rank batch; for 0, the largest that fits in memory and in this rank's
     share of the data, agreed on by every rank (the smallest of their findings). A global batch is
@@ -941,7 +949,7 @@ def run_rank(
     loader, test_loader, sampler = _loaders(config, train, batch, world, rank)
     steps = len(loader) if config.steps_per_epoch is None else min(len(loader), config.steps_per_epoch)
     if steps == 0:
-        raise ValueError(f"{len(train)} samples do not make one batch of {batch} on each of {world} ranks")
+        raise ValueError(no_batch_refusal(len(train), batch, world))
     try:  # a model's allocations, the batch's come later
         trainers = [Trainer(config, s, shape, device, batch) for s in config.strategies]
     except RuntimeError as exc:
