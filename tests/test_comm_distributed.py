@@ -445,10 +445,13 @@ def test_a_process_in_its_second_world_pairs_with_a_fresh_peer_and_the_first_is_
     from tests.world import free_port
 
     held = []
-    for _ in range(2):
-        port = free_port()
-        peer = subprocess.Popen([sys.executable, "-c", PEER, str(port)])
-        try:
+    ports = [free_port()]
+    while len(ports) < 2:
+        ports += {free_port()} - set(ports)
+    # Both peers start now, so that their imports overlap; the second waits for its store.
+    peers = [subprocess.Popen([sys.executable, "-c", PEER, str(port)]) for port in ports]
+    try:
+        for port in ports:
             store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timedelta(seconds=30))
             dist.init_process_group("gloo", store=store, rank=0, world_size=2, timeout=timedelta(seconds=20))
             try:
@@ -459,8 +462,9 @@ def test_a_process_in_its_second_world_pairs_with_a_fresh_peer_and_the_first_is_
                 assert p2p._companion(None) is not None
             finally:
                 dist.destroy_process_group()
-            assert peer.wait(60) == 0
-        finally:
+        assert [peer.wait(60) for peer in peers] == [0, 0]
+    finally:
+        for peer in peers:
             if peer.poll() is None:
                 peer.kill()
     p2p._close_destroyed()  # as the next hand-written call does
