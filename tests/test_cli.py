@@ -900,6 +900,8 @@ def test_one_rank_sweep_has_no_ratio_to_a_busbw_of_zero(tmp_path, capsys):
     for r in records:
         if r["algorithm"] != "p2p":
             assert r["busbw_gbps"] == 0 and r["busbw_ratio_to_builtin"] is None and r["wrong"] == 0, r
+            # nor to the limit, a copy here (the table showed 0.00 under 'of limit', '-' beside it)
+            assert r["frac_of_limit"] is None, r
 
 
 @pytest.mark.parametrize(

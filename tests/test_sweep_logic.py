@@ -763,6 +763,41 @@ def test_the_table_header_says_in_place():
     assert table_header(config, run).startswith("# commbench sweep: all_gather, 2 ranks,")
 
 
+@pytest.mark.parametrize(
+    "collective, says", [("broadcast", "broadcast, root 3, 4 ranks,"), ("reduce", "reduce, root 3, 4 ranks,")]
+)
+def test_the_title_names_the_root_of_a_rooted_collective_and_one_iteration_so(collective, says):
+    """nccl-tests prints a root column; the title said nothing of -r, nor of the others' missing one."""
+    from commbench.bench.report import table_header
+
+    run = {"world_size": 4, "backend": "gloo", "device": "cpu"}
+    lines = table_header(SweepConfig(collective=collective, root=3, iters=1), run).splitlines()
+    assert lines[0].startswith(f"# commbench sweep: {says}")
+    assert "median of 1 iteration (after" in lines[1]
+    assert "root" not in table_header(SweepConfig(collective="all_reduce", root=3), run)
+
+
+@pytest.mark.parametrize(
+    "collective, count",
+    [("all_reduce", 1024), ("reduce_scatter", 256), ("all_gather", 256), ("broadcast", 1024)],
+)
+def test_the_count_column_is_nccl_tests(collective, count):
+    """nccl-tests' count is a rank's part for all_gather and reduce_scatter, whose size is the whole
+    array; the column printed the whole array's, four times too many at four ranks."""
+    from commbench.bench.report import table_rows
+
+    record = {
+        "collective": collective,
+        "world_size": 4,
+        "size_bytes": 4096,
+        "count": 1024,
+        "dtype": "float32",
+    }
+    record |= {"op": "sum", "algorithm": "ring", "time_us": 10.0, "algbw_gbps": 0.4, "busbw_gbps": 0.3}
+    record |= {"wrong": 0, "busbw_ratio_to_builtin": None, "frac_of_limit": None}
+    assert table_rows([record]).split()[:2] == ["4096", str(count)]
+
+
 @pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
 @pytest.mark.parametrize("rank", [0, 1])
 def test_an_all_gather_output_left_unwritten_is_wrong_on_every_rank(rank, in_place):

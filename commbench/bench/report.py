@@ -17,15 +17,17 @@ _COLS = (
 def table_header(config: Any, run: dict[str, Any], ranks: Sequence[dict[str, Any]] | None = None) -> str:
     """Title lines: what was swept, on what (each rank's host, process and device where ``ranks``
     gives them, as nccl-tests lists them), and how times were taken."""
-    from commbench.bench.collectives import form_name
+    from commbench.bench.collectives import SPECS, form_name
     from commbench.bench.machine import place_lines
 
     places = place_lines(ranks)
+    root = f", root {config.root}" if SPECS[config.collective].has_root else ""  # as nccl-tests' column
+    iterations = "iteration" if config.iters == 1 else "iterations"
     return (
-        f"# commbench sweep: {form_name(config.collective, config.in_place)}, "
+        f"# commbench sweep: {form_name(config.collective, config.in_place)}{root}, "
         f"{rank_count(run['world_size'])}, backend {run['backend']}, "
         f"device {run['device']}\n{places}"
-        f"# time = median of {config.iters} iterations (after {config.warmup} warm-up) of the slowest "
+        f"# time = median of {config.iters} {iterations} (after {config.warmup} warm-up) of the slowest "
         f"rank; {_order(config)}; GB/s = 1e9 B/s\n"
         f"# busbw = algbw x bus factor (nccl-tests); 'limit' = bidirectional send/recv between ring "
         f"neighbours at the same size\n#{_COLS[1:]}"
@@ -68,6 +70,16 @@ def _labelled_limit(r: dict[str, Any], rows: Sequence[dict[str, Any]]) -> bool:
     return r["collective"] == "sendrecv" and any(x["collective"] != "sendrecv" for x in rows)
 
 
+PER_RANK_COUNT = ("all_gather", "reduce_scatter")  # nccl-tests' count is a rank's part of size(B)
+
+
+def table_count(r: dict[str, Any]) -> int:
+    """The count column as nccl-tests prints it: for all_gather a rank's input and for
+    reduce_scatter a rank's output, where size(B) is the whole array; a record's ``count`` holds
+    the elements of size(B), which the cost model and the alpha-beta fit read."""
+    return r["count"] // r["world_size"] if r["collective"] in PER_RANK_COUNT else r["count"]
+
+
 def table_rows(records: Sequence[Any]) -> str:
     """One row per algorithm for one size; the size columns are printed on the first row only. A
     series name longer than its column is printed whole, and moves the rest of its row right."""
@@ -75,7 +87,7 @@ def table_rows(records: Sequence[Any]) -> str:
     rows = [_fields(r) for r in records]
     for i, r in enumerate(rows):
         lead = (
-            f"{r['size_bytes']:>12} {r['count']:>10} {r['dtype']:>8} {r['op'] or '-':>5}"
+            f"{r['size_bytes']:>12} {table_count(r):>10} {r['dtype']:>8} {r['op'] or '-':>5}"
             if i == 0
             else " " * 38
         )

@@ -487,7 +487,8 @@ def run_rank(config: SweepConfig, device_kind: str, emit, nic: str | None = None
                 wrong=wrong[s],
                 busbw_ratio_to_builtin=_ratio(busbw[s], busbw.get("builtin")) if s != LIMIT else None,
                 limit_busbw_gbps=busbw.get(LIMIT),
-                frac_of_limit=_ratio(busbw[s], busbw.get(LIMIT)),
+                # None where the bus factor makes busbw 0 (one rank), as the ratio to builtin
+                frac_of_limit=_ratio(busbw[s], busbw.get(LIMIT)) if busbw[s] else None,
                 computed_sent_bytes_per_rank=sent,
                 computed_recv_bytes_per_rank=recv,
                 **(counted[s].fields() if s in counted else {}),
