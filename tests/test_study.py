@@ -23,8 +23,8 @@ NAMES = study.known_studies()
 def test_five_presets_one_per_reference_study():
     assert len(NAMES) == 5
     refs = [study.load_study(n).reference for n in NAMES]
-    assert len(set(refs)) == 5 and all(r.endswith(".txt") for r in refs)
-    assert [r[:3] for r in sorted(refs)] == [n[:3] for n in NAMES]
+    # cited by its authors and title: the report named a file outside the project
+    assert len(set(refs)) == 5 and not any(".txt" in r or "/reference/" in r for r in refs)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -335,6 +335,7 @@ def test_tiny_run_writes_the_report(name, tmp_path):
     assert header["command"] == shlex.join(["commbench", *outcomes[0].argv])
     text = md.read_text()
     assert f"# Study {name}" in text and "## Results" in text and "FAILED" not in text
+    assert f"Reference: {study.load_study(name).reference}. Scale: tiny." in text
     group = outcomes[0].planned.group
     assert f"### {group}" in text
     section = text[text.index(f"### {group}") :]

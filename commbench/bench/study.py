@@ -1251,7 +1251,7 @@ def write_study_report(
         rp.Heading(text=title, level=1),
         rp.Para(text=study.about),
         rp.Para(
-            text=f"Reference: shared/reference/{study.reference}. Scale: {scale}. {len(outcomes)} runs, "
+            text=f"Reference: {study.reference}. Scale: {scale}. {len(outcomes)} runs, "
             f"{total:.0f} s in all. Re-run with: {again}"
         ),
     ]
