@@ -42,8 +42,8 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
         "--world-size",
         type=int,
         default=None,
-        help="local ranks to start with the elastic launcher (default 2; under torchrun or SLURM "
-        "the launcher's world is used)",
+        help="local ranks to start with the elastic launcher (default 2, and 1 for train --strategy "
+        "none; under torchrun or SLURM the launcher's world is used)",
     )
     g.add_argument(
         "--backend",
@@ -111,7 +111,7 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
         "-o",
         "--op",
         default="sum",
-        help=f"one of {', '.join(OPS)} (default sum); all_gather and broadcast take none",
+        help=f"one of {', '.join(OPS)} (default sum); all_gather, broadcast and sendrecv take none",
     )
     p.add_argument(
         "-r",
@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="the default job: all_reduce with builtin, naive and ring on 2 local CPU ranks",
         description="A short all_reduce sweep (4K to 16M) on 2 local CPU ranks; writes "
-        "results/demo.jsonl and results/demo.png.",
+        "results/demo.jsonl, results/demo.png and results/demo-timeline.png (the probes).",
     )
     demo.add_argument("-q", "--quiet", action="store_true", help="no table and no progress bar")
     from commbench.bench import bandwidth

@@ -1160,9 +1160,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "report",
         help="Markdown and HTML report from sweep/train/compare/bandwidth JSON Lines",
-        description="Write DIR/report.md and DIR/report.html (self-contained page, PNGs beside it): machine "
-        "information, sweep tables and busbw plots with the limit, training comparisons, probe timelines, "
-        "computed-versus-measured bytes (per host where recorded), copy bandwidths; --baseline adds ratios "
+        description="Write DIR/report.md and DIR/report.html (one page, with its PNGs as files beside "
+        "it): machine information, sweep tables and busbw plots with the limit, training comparisons, "
+        "probe timelines, computed-versus-measured bytes (per host where recorded), copy bandwidths; --baseline adds ratios "
         "to other runs.",
     )
     p.add_argument(
