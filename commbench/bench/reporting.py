@@ -1162,8 +1162,8 @@ def add_parser(sub: Any) -> None:
         help="Markdown and HTML report from sweep/train/compare/bandwidth JSON Lines",
         description="Write DIR/report.md and DIR/report.html (one page, with its PNGs as files beside "
         "it): machine information, sweep tables and busbw plots with the limit, training comparisons, "
-        "probe timelines, computed-versus-measured bytes (per host where recorded), copy bandwidths; --baseline adds ratios "
-        "to other runs.",
+        "probe timelines, computed-versus-measured bytes (per host where recorded), copy bandwidths; "
+        "--baseline adds ratios to other runs.",
     )
     p.add_argument(
         "files",
