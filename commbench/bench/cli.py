@@ -42,8 +42,9 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
         "--world-size",
         type=int,
         default=None,
-        help="local ranks to start with the elastic launcher (default 2, and 1 for train --strategy "
-        "none; under torchrun or SLURM the launcher's world is used)",
+        help="local ranks to start with the elastic launcher (default 2, or 1 for train and compare "
+        "whose strategies are all none, dp or vanilla-dp; under torchrun or SLURM the launcher's world "
+        "is used)",
     )
     g.add_argument(
         "--backend",
@@ -874,7 +875,7 @@ def _main(argv: list[str] | None) -> int:
             )
             code = cmd_sweep(sweep_config(demo), launch_spec(demo), demo.plot, args.command_line)
             if not args.quiet:
-                print("\nrecords: results/demo.jsonl   plot: results/demo.png")
+                print("\nrecords: results/demo.jsonl   plots: results/demo.png, results/demo-timeline.png")
             return code
     except UsageError as exc:
         _error_line(str(exc))

@@ -1,8 +1,8 @@
 """``commbench report``: turn JSON Lines from sweep, train, compare (and cluster) into a report.
 
 A report is a list of blocks (headings, paragraphs, tables, images) built from the records, then
-rendered twice: Markdown (``report.md``) and a self-contained HTML page (``report.html``, inline
-CSS) with the PNGs beside both. Nothing here measures anything; ``commbench study`` reuses it.
+rendered twice: Markdown (``report.md``) and an HTML page (``report.html``, inline CSS, nothing
+fetched) with the PNGs as files beside both. Nothing here measures anything; ``commbench study`` reuses it.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ class SweepConfig:
 
 def _ratio(value: float, reference: float | None) -> float | None:
     """value / reference; None without a reference or where it is 0 (busbw at one rank, whose bus
-    factor is 0 for the reducing collectives)."""
+    factor is 0 for all_reduce, reduce_scatter and all_gather)."""
     return value / reference if reference else None
 
 
