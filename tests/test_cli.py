@@ -890,17 +890,23 @@ def test_only_broadcast_and_reduce_record_a_root(tmp_path, capsys):
     }
 
 
-def test_one_rank_sweep_has_no_ratio_to_a_busbw_of_zero(tmp_path, capsys):
-    """At one rank the bus factor of all_reduce is 0, so every busbw is 0: no ratio, no crash."""
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "broadcast"])
+def test_one_rank_sweep_has_no_ratio_to_a_busbw_of_zero(tmp_path, capsys, collective):
+    """At one rank the bus factor of all_reduce and all_gather is 0, so every busbw is 0: no ratio,
+    no crash (the ratio to the limit, a copy here, was 0.00 beside '-'). Broadcast's factor is 1:
+    its ratios stay."""
     path = tmp_path / "r.jsonl"
     argv = ["sweep", "-b", "4K", "-e", "4K", "--world-size", "1", "-n", "1", "-w", "0", "--no-probe"]
-    assert main([*argv, "--json", str(path)]) == 0, capsys.readouterr().err
+    assert main([*argv, "--collective", collective, "--json", str(path)]) == 0, capsys.readouterr().err
     records = [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "sweep"]
     assert {r["algorithm"] for r in records} >= {"builtin", "naive", "ring", "p2p"}
     for r in records:
-        if r["algorithm"] != "p2p":
+        if r["algorithm"] == "p2p":
+            assert r["frac_of_limit"] == 1.0, r
+        elif collective == "broadcast":
+            assert r["busbw_gbps"] > 0 and r["busbw_ratio_to_builtin"] > 0 and r["frac_of_limit"] > 0, r
+        else:
             assert r["busbw_gbps"] == 0 and r["busbw_ratio_to_builtin"] is None and r["wrong"] == 0, r
-            # nor to the limit, a copy here (the table showed 0.00 under 'of limit', '-' beside it)
             assert r["frac_of_limit"] is None, r
 
 

@@ -442,17 +442,20 @@ def test_a_process_in_its_second_world_pairs_with_a_fresh_peer_and_the_first_is_
 
     from commbench import comm
     from commbench.comm import p2p
-    from tests.world import free_port
 
     held = []
-    ports = [free_port()]
-    while len(ports) < 2:
-        ports += {free_port()} - set(ports)
-    # Both peers start now, so that their imports overlap; the second waits for its store.
-    peers = [subprocess.Popen([sys.executable, "-c", PEER, str(port)]) for port in ports]
+    # Both stores listen from the start (on ports of their own choosing, so none can be taken in
+    # between), and both peers start now, so that their imports overlap.
+    stores = [
+        dist.TCPStore(
+            "127.0.0.1", 0, 2, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
+        )
+        for _ in range(2)
+    ]
+    peers = []
     try:
-        for port in ports:
-            store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timedelta(seconds=30))
+        peers += [subprocess.Popen([sys.executable, "-c", PEER, str(store.port)]) for store in stores]
+        for store in stores:
             dist.init_process_group("gloo", store=store, rank=0, world_size=2, timeout=timedelta(seconds=20))
             try:
                 tensor = torch.ones(1000)
@@ -467,6 +470,7 @@ def test_a_process_in_its_second_world_pairs_with_a_fresh_peer_and_the_first_is_
         for peer in peers:
             if peer.poll() is None:
                 peer.kill()
+                peer.wait()
     p2p._close_destroyed()  # as the next hand-written call does
     assert [p2p._COMPANIONS.get(g) for g in held] == [None, None]
 
