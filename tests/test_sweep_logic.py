@@ -595,6 +595,23 @@ def test_scratch_counts_each_algorithm_that_runs_once(max_bytes, auto_runs):
     assert scratch_per_rank(sendrecv, 4) == [0] * 4
 
 
+@pytest.mark.parametrize(
+    "collective, world, max_bytes, root_mib",
+    [("all_reduce", 4, 4 << 20, 6.0), ("reduce", 6, 32 << 20, 48.0), ("reduce_scatter", 4, 2 << 20, 4.0)],
+)
+def test_scratch_is_taken_at_its_most_over_the_sizes(collective, world, max_bytes, root_mib):
+    """Below its crossover auto runs naive or the tree, which keep whole messages at the root:
+    priced at the largest size alone, where it runs the ring, the check counted less (3 of the 6
+    MiB a 4-rank all_reduce to 4 MiB holds at rank 0 at 2 MiB)."""
+    import dataclasses
+
+    from commbench.bench.sweep import scratch_per_rank
+
+    config = SweepConfig(collective=collective, algorithms=("auto",), min_bytes=1 << 20, max_bytes=max_bytes)
+    largest = scratch_per_rank(dataclasses.replace(config, min_bytes=max_bytes), world)
+    assert scratch_per_rank(config, world)[0] == root_mib * (1 << 20) > largest[0]
+
+
 def test_under_torchrun_the_memory_check_counts_the_local_ranks_with_most_scratch(monkeypatch):
     """Which global ranks share this host is not known before they start: naive's root may."""
     from commbench.bench import cli, launch

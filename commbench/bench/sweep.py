@@ -195,14 +195,24 @@ def buffer_bytes(config: SweepConfig, world: int) -> int:
 
 
 def scratch_per_rank(config: SweepConfig, world: int, backend: str = "gloo") -> list[int]:
-    """Bytes of algorithms' scratch each rank holds at the sweep's largest size over ``backend``
-    (the cost model's :func:`~commbench.comm.costmodel.scratch_bytes`, summed over the series;
-    series that run the same algorithm share it). The workspace is made afresh for each size."""
-    spec, dtype = SPECS[config.collective], parse_dtype(config.dtype)
-    size = max(sizes(config))
-    count = spec.count(size, dtype.itemsize, world)
+    """Bytes of algorithms' scratch each rank holds at its most over the sweep's sizes over
+    ``backend`` (the cost model's :func:`~commbench.comm.costmodel.scratch_bytes`, summed over the
+    series; series that run the same algorithm share it). The workspace is made afresh for each
+    size. Not only the largest size: below its crossover ``auto`` picks naive or the tree, which
+    keep whole messages at the root (at 4 ranks, a 2 MiB all_reduce holds 6 MiB there, the 4 MiB
+    ring 3 MiB)."""
     if config.collective == "sendrecv":
         return [0] * world
+    most = [0] * world
+    for size in sizes(config):
+        most = [max(a, b) for a, b in zip(most, _scratch_at(config, size, world, backend), strict=True)]
+    return most
+
+
+def _scratch_at(config: SweepConfig, size: int, world: int, backend: str) -> list[int]:
+    """:func:`scratch_per_rank` at one size."""
+    spec, dtype = SPECS[config.collective], parse_dtype(config.dtype)
+    count = spec.count(size, dtype.itemsize, world)
     # Per algorithm, the most any of its series holds: series of one algorithm with different
     # segments name the same buffers, which grow to the largest.
     held: dict[str, list[int]] = {}
@@ -247,9 +257,9 @@ def gpu_memory_refusal(found: list) -> str | None:
 def gpu_bytes(config: SweepConfig, world: int, rank: int, device: torch.device) -> tuple[int, int]:
     """(bytes, size): the most GPU memory this rank's buffers and scratch take at one size of the
     sweep, and that size. Scratch counts where it lives: a hand-written gloo call on CUDA tensors
-    from $COMMBENCH_GLOO_CUDA_HOST_FROM's size on runs on host copies, scratch and all. Both grow
-    with the size, so the worst is the largest size or, where that moves the scratch to the
-    host, the largest below it."""
+    from $COMMBENCH_GLOO_CUDA_HOST_FROM's size on runs on host copies, scratch and all. Buffers grow
+    with the size, and the scratch is taken at its most up to it, so the worst is the largest size
+    or, where that moves the scratch to the host, the largest below it."""
     backend = comm.p2p.backend_for(None, device)
     every = sizes(config)
     # "ring" stands for every hand-written algorithm: builtin has no scratch
