@@ -35,6 +35,7 @@ from commbench.bench.collectives import (
 )
 from commbench.bench.machine import rank_device
 from commbench.bench.records import RecordWriter, SweepRecord, check_distinct, say
+from commbench.comm.chunking import num_segments
 from commbench.comm.costmodel import cost, scratch_bytes
 from commbench.comm.ops import OPS, check_op, parse_dtype
 from commbench.comm.ring import SEGMENT_BYTES
@@ -456,7 +457,9 @@ def run_rank(config: SweepConfig, device_kind: str, emit, nic: str | None = None
         model = {s: _model_bytes(config, s, size_bytes, count, world, moved_by) for s in config.series}
         counted = (
             {
-                s: _count_wire(counter, config, s, bufs[s], spec, limit_spec, workspace, size_bytes, model[s])
+                s: _count_wire(
+                    counter, config, s, bufs[s], spec, limit_spec, workspace, size_bytes, model[s], world
+                )
                 for s in config.series
             }
             if counter is not None
@@ -541,7 +544,16 @@ def _model_bytes(
 
 
 def _count_wire(
-    counter, config: SweepConfig, s: str, b, spec, limit_spec, workspace, size_bytes: int, model: tuple
+    counter,
+    config: SweepConfig,
+    s: str,
+    b,
+    spec,
+    limit_spec,
+    workspace,
+    size_bytes: int,
+    model: tuple,
+    world: int,
 ):
     """The counting pass of one series at one size: interface bytes per call beside the model's."""
     sp = limit_spec if s == LIMIT else spec
@@ -552,13 +564,30 @@ def _count_wire(
         b.input.copy_(b.reference)
         sp.run(b, algo, config.op, config.root, None, workspace)
 
-    counted = counter.count(once, config.probe_iters, sent, recv, size_bytes)
+    segments = _segment_bytes_on_wire(config, s, size_bytes, b.input.element_size(), world)
+    counted = counter.count(once, config.probe_iters, sent, recv, size_bytes, segments)
     if says_off(counted.wire_check):
         # Loopback is shared with everything else on the machine: a count disturbed by someone
         # else's traffic is taken once more, and the second count stands. A real disagreement with
         # the cost model repeats itself and stays flagged.
-        counted = counter.count(once, config.probe_iters, sent, recv, size_bytes)
+        counted = counter.count(once, config.probe_iters, sent, recv, size_bytes, segments)
     return counted
+
+
+def _segment_bytes_on_wire(
+    config: SweepConfig, s: str, size_bytes: int, itemsize: int, world: int
+) -> int | None:
+    """About the bytes of each message series ``s`` sends where it cuts its data into segments (a
+    ring's chunk, or send/recv's whole message, the limit's too), else None."""
+    count = max(1, size_bytes // itemsize)
+    if s == LIMIT or config.collective == "sendrecv":
+        chunk, segment = count, series_parts("p2p" if s == LIMIT else s)[1] or SEGMENT_BYTES
+    else:
+        resolved, segment = _resolve(config, s, size_bytes, world)
+        if resolved not in comm.SEGMENTED:
+            return None
+        chunk = -(-count // world)
+    return -(-chunk // num_segments(chunk, itemsize, segment)) * itemsize
 
 
 class Rank0Output:

@@ -284,13 +284,22 @@ class WireCounter:
         return [t.cpu().tolist() for t in table]
 
     def count(
-        self, run: Callable[[], None], iters: int, sent: Sequence[int], recv: Sequence[int], size_bytes: int
+        self,
+        run: Callable[[], None],
+        iters: int,
+        sent: Sequence[int],
+        recv: Sequence[int],
+        size_bytes: int,
+        message_bytes: int | None = None,
     ) -> WireCount:
         """Run ``run`` ``iters`` times between two readings, then idle as long; every rank calls this.
 
         Args:
             sent, recv: the cost model's bytes per rank for one call.
             size_bytes: the message size; below 1 MiB the check is reported, not judged.
+            message_bytes: the bytes of each message on the wire where a call cuts its data into
+                segments; below :data:`~commbench.probes.wirecheck.MIN_CHECKED_MESSAGE_BYTES`
+                the check is reported, not judged.
         """
         nic0, cpu0 = opened(self.read)
         t0 = time.perf_counter()
@@ -324,10 +333,16 @@ class WireCounter:
                 float(reset),
             ]
         )
-        return self.summarise(rows, iters, sent, recv, size_bytes)
+        return self.summarise(rows, iters, sent, recv, size_bytes, message_bytes)
 
     def summarise(
-        self, rows: list[list[float]], iters: int, sent: Sequence[int], recv: Sequence[int], size_bytes: int
+        self,
+        rows: list[list[float]],
+        iters: int,
+        sent: Sequence[int],
+        recv: Sequence[int],
+        size_bytes: int,
+        message_bytes: int | None = None,
     ) -> WireCount:
         """Group the ranks' readings (see :data:`ROW`) by host and judge them; every rank gets the
         same rows and so the same verdict. A host whose counters went backwards leaves the point
@@ -389,6 +404,11 @@ class WireCounter:
         flag = check.flag
         if size_bytes < wirecheck.MIN_CHECKED_BYTES:
             flag = "not judged: messages under 1 MiB, where per-message overhead dominates"
+        elif message_bytes is not None and message_bytes < wirecheck.MIN_CHECKED_MESSAGE_BYTES:
+            flag = (
+                f"not judged: segments of {message_bytes} bytes, each with the transport's own bytes "
+                f"(about {wirecheck.GLOO_MESSAGE_BYTES} on gloo), which the cost model leaves out"
+            )
         elif computed == 0:
             flag = None if check.measured_bytes <= 0 else check.flag
         flag = self._across_hosts() or flag
