@@ -213,3 +213,38 @@ def test_table_rows_carry_measured_predicted_and_error():
         assert float(fields[2]) == pytest.approx(r.measured_us, abs=0.05)
         assert float(fields[3]) == pytest.approx(r.predicted_us, abs=0.05)
         assert float(fields[4].rstrip("%")) == pytest.approx(100 * r.error, abs=0.05)
+
+
+def test_one_rank_gives_no_points():
+    """Nothing crosses a link at one rank: the collectives are priced 0 there, and the limit, a
+    local copy, alone set alpha and beta ('1/beta = 7.1283 GB/s' on a 1 Gbit/s link)."""
+    limit = {**_record("p2p", 1, 4 << 20, 0.0002, collective="sendrecv"), "resolved_algorithm": "p2p"}
+    assert alphabeta.points([_record("ring", 1, 4 << 20, 0.0001), limit]) == []
+    assert len(alphabeta.points([{**limit, "world_size": 2}])) == 1
+
+
+def test_a_record_without_its_resolved_algorithm_is_priced_by_its_series():
+    """'ring@256K' went to the cost model whole, which refused it, and the point was dropped."""
+    record = _record("ring@256K", 4, 4 << 20, 0.05)
+    del record["resolved_algorithm"]
+    (point,) = alphabeta.points([record])
+    assert point.steps == 2 * 3 * 4 and point.algorithm == "ring@256K"
+
+
+def test_the_cluster_fits_only_points_beyond_a_links_burst():
+    """A 256 KiB rd inside the shaper's 1,000,000-byte burst ran at 0.32 GB/s on a 0.125 GB/s link
+    and took the fitted 1/beta to 0.19 GB/s."""
+    from commbench.bench.cluster import _fit
+
+    def point(size: int, steps: int, time_s: float) -> Point:
+        return Point(collective="all_reduce", algorithm="rd", size_bytes=size, steps=steps,
+                     critical_bytes=size, time_s=time_s)  # fmt: skip
+
+    shaped = [point(s, 1, ALPHA + s * BETA) for s in (4 << 20, 16 << 20)] + [
+        point(2 << 20, 8, 8 * ALPHA + (2 << 20) * BETA)
+    ]
+    fast = point(256 << 10, 1, ALPHA + (256 << 10) / 0.32e9)
+    text = _fit([*shaped, fast], 1_000_000)
+    assert "1/beta = 0.1250 GB/s" in text and "1 point(s) left out of the fit" in text, text
+    assert "1/beta = 0.1250 GB/s" not in _fit([*shaped, fast], 100_000)
+    assert _fit([fast, shaped[0]], 10 << 20).startswith("# alpha-beta fit not made: 0 point(s)")

@@ -78,16 +78,24 @@ class Row:
 
 def points(records: Iterable[dict[str, Any]]) -> list[Point]:
     """Priced points from sweep records (``type == "sweep"``); records the model cannot price are left
-    out. The send/recv limit series carries the whole message, one step per segment, as it sends
+    out, and so are those of one rank, where nothing crosses a link (the limit is a local copy
+    there). The send/recv limit series carries the whole message, one step per segment, as it sends
     it (the ring algorithms' segment unless the series names its own: "p2p@64K")."""
     out = []
     for r in records:
         time_us = r.get("time_us")
         timed = isinstance(time_us, int | float) and math.isfinite(time_us) and time_us > 0
-        if r.get("type") != "sweep" or not r.get("count") or not timed:
+        world = r.get("world_size")
+        if (
+            r.get("type") != "sweep"
+            or not r.get("count")
+            or not timed
+            or not isinstance(world, int)
+            or world < 2
+        ):
             continue
         try:
-            _, segment = series_parts(r["algorithm"])  # "ring@64K": priced with its segments
+            algorithm, segment = series_parts(r["algorithm"])  # "ring@64K": priced with its segments
         except ValueError:
             continue
         if r["collective"] == "sendrecv":
@@ -97,7 +105,7 @@ def points(records: Iterable[dict[str, Any]]) -> list[Point]:
             try:
                 c = cost(
                     r["collective"],
-                    r.get("resolved_algorithm") or r["algorithm"],
+                    r.get("resolved_algorithm") or algorithm,  # a record without it: "ring@64K" is the ring
                     r["world_size"],
                     r["count"],
                     r["size_bytes"] // r["count"],
