@@ -262,3 +262,49 @@ def test_a_rank_s_place_names_its_gpu_and_its_pci_address_where_it_has_them():
     # the emulated cluster's hosts share a hostname: each says its address
     cluster = {"host": "h", "address": "10.0.0.2", "pid": 7, "device": "cpu"}
     assert describe_place(1, cluster) == "rank 1: host h (10.0.0.2), pid 7, cpu"
+
+
+def test_a_plot_stopped_while_it_is_written_leaves_the_last_one_whole(tmp_path, monkeypatch):
+    """A report (or `--plot`) stopped while matplotlib wrote a PNG left the last run's PNG cut
+    short, an image that no longer opened, under report.md's link to it."""
+    from matplotlib.figure import Figure
+
+    records = [_record("all_reduce", "ring", 1 << k, 0.1 * k) for k in range(10, 14)]
+    png = tmp_path / "busbw.png"
+    report.plot_busbw(records, str(png))
+    whole = png.read_bytes()
+    assert whole.startswith(b"\x89PNG")
+    drawn = Figure.savefig
+
+    def stopped_halfway(fig, fname, **kwargs):
+        drawn(fig, fname, **kwargs)
+        data = open(fname, "rb").read()
+        open(fname, "wb").write(data[: len(data) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", stopped_halfway)
+    try:
+        report.plot_busbw(records[:2], str(png))
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the stop did not reach the caller")
+    assert png.read_bytes() == whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["busbw.png"]  # no scratch left
+
+
+def test_a_plot_follows_a_link_keeps_an_upper_case_format_and_writes_a_device_in_place(tmp_path):
+    """The plot is written under a scratch name first; its format still comes from the name given."""
+    import os
+
+    records = [_record("all_reduce", "ring", 1 << k, 0.1 * k) for k in range(10, 12)]
+    target = tmp_path / "kept.PNG"
+    target.write_bytes(b"old")
+    (tmp_path / "link.PNG").symlink_to(target)
+    report.plot_busbw(records, str(tmp_path / "link.PNG"))
+    assert (tmp_path / "link.PNG").is_symlink() and target.read_bytes().startswith(b"\x89PNG")
+    report.plot_busbw(records, str(tmp_path / "plot.svg"))
+    assert b"<svg" in (tmp_path / "plot.svg").read_bytes()[:400]
+    report.plot_busbw(records, os.devnull)  # not a regular file: written where it is, and kept
+    assert os.path.exists(os.devnull) and not os.path.isfile(os.devnull)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.PNG", "link.PNG", "plot.svg"]

@@ -4,12 +4,14 @@ so an interrupted run keeps every finished point."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import errno
 import json
 import os
 import re
+import shutil
 import signal
 import stat
 import sys
@@ -239,6 +241,25 @@ def resolved(path: str | Path) -> Path:
         return Path(path).resolve()
     except (OSError, RuntimeError):
         return Path(os.path.abspath(path))
+
+
+def write_whole(path: str | Path, write: Callable[[Path], None]) -> None:
+    """Have ``write`` make ``path`` through a file beside it, renamed over ``path`` once whole, so
+    that a stopped or failed write leaves the last one as it was. A link is followed (its target
+    is replaced), the old file's mode is kept, and what is not a regular file (a named pipe, the
+    null device) is written in place."""
+    target = resolved(path)
+    if target.exists() and not target.is_file():
+        write(target)
+        return
+    scratch = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        write(scratch)
+        with contextlib.suppress(OSError):  # none there yet: the new file's mode stands
+            shutil.copymode(target, scratch)
+        os.replace(scratch, target)
+    finally:
+        scratch.unlink(missing_ok=True)
 
 
 def check_distinct(**paths: str | None) -> None:

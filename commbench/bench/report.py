@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
+from commbench.bench.records import write_whole
 from commbench.units import rank_count
 
 _COLS = (
@@ -163,6 +165,14 @@ def _figure(*args: Any, **kwargs: Any) -> Iterator[tuple[Any, Any]]:
             plt.close(fig)
 
 
+def _save(fig: Any, path: Any, dpi: int) -> None:
+    """Save ``fig`` to ``path`` whole (:func:`write_whole`): a run stopped while its plot was being
+    written left the last run's plot cut short, an image that no longer opened. The format is the
+    name's suffix (PNG where it has none), as the file written first is named ``.NAME.PID.partial``."""
+    fmt = Path(path).suffix.lower().lstrip(".") or "png"
+    write_whole(path, lambda p: fig.savefig(p, dpi=dpi, format=fmt))
+
+
 def plot_busbw(records: Sequence[dict[str, Any]], path: str, title: str = "") -> None:
     """busbw against size (log2 x axis), one line per algorithm, the limit dashed."""
     series: dict[str, list[tuple[int, float]]] = {}
@@ -184,7 +194,7 @@ def plot_busbw(records: Sequence[dict[str, Any]], path: str, title: str = "") ->
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        _save(fig, path, 110)
 
 
 def one_line(text: Any) -> str:
@@ -338,7 +348,7 @@ def plot_training(
         )
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(breakdown_path, dpi=120)
+        _save(fig, breakdown_path, 120)
     plot_loss(epochs, loss_path, names)
 
 
@@ -354,7 +364,7 @@ def plot_loss(epochs: Sequence[dict[str, Any]], path: Any, names: Sequence[str] 
         ax.set_ylabel("training loss (mean over ranks)")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        _save(fig, path, 120)
 
 
 def plot_throughput(summaries: Sequence[dict[str, Any]], path: Any, title: str = "") -> None:
@@ -375,7 +385,7 @@ def plot_throughput(summaries: Sequence[dict[str, Any]], path: Any, title: str =
         ax.set_title(title)
         ax.grid(True, axis="y", alpha=0.3)
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        _save(fig, path, 110)
 
 
 def plot_probe_timeline(probe: dict[str, Any], path: Any, title: str = "") -> None:
@@ -437,7 +447,7 @@ def plot_probe_timeline(probe: dict[str, Any], path: Any, title: str = "") -> No
                 ax.legend(fontsize=7, loc="upper right")
         util.set_title(title)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        _save(fig, path, 100)
 
 
 def plot_ratio_bars(labels: Sequence[str], ratios: Sequence[float | None], path: Any, ylabel: str) -> None:
@@ -449,7 +459,7 @@ def plot_ratio_bars(labels: Sequence[str], ratios: Sequence[float | None], path:
         ax.set_ylabel(ylabel)
         ax.grid(True, axis="y", alpha=0.3)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        _save(fig, path, 100)
 
 
 def plot_grouped(
@@ -468,7 +478,7 @@ def plot_grouped(
         if len(series) > 1:
             ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        _save(fig, path, 100)
 
 
 def timeline_path(plot_path: Any) -> Any:

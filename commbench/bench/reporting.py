@@ -14,7 +14,6 @@ import dataclasses
 import html
 import json
 import os
-import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ from commbench.bench.records import (
     output_path,
     resolved,
     shown,
+    write_whole,
 )
 from commbench.bench.report import md_code_block, md_text, one_line
 from commbench.bench.signals import Interrupted
@@ -176,23 +176,10 @@ def check_target(path: Path, what: str) -> None:
 
 
 def _replace_text(path: Path, text: str) -> None:
-    """Write ``path`` whole through a file beside it, so that a failed write leaves the last report
+    """Write ``path`` whole (:func:`write_whole`), so that a failed write leaves the last report
     as it was; a name that is not UTF-8 (a run's file, a command line) is written escaped. Such a
-    name failed the write after it had emptied the earlier report.md. A link is followed (its
-    target is replaced), the old file's mode is kept, and what is not a regular file is written
-    in place."""
-    target = resolved(path)
-    if target.exists() and not target.is_file():
-        target.write_text(text, encoding="utf-8", errors="backslashreplace")
-        return
-    scratch = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    try:
-        scratch.write_text(text, encoding="utf-8", errors="backslashreplace")
-        with contextlib.suppress(OSError):  # none there yet: the new file's mode stands
-            shutil.copymode(target, scratch)
-        os.replace(scratch, target)
-    finally:
-        scratch.unlink(missing_ok=True)
+    name failed the write after it had emptied the earlier report.md."""
+    write_whole(path, lambda p: p.write_text(text, encoding="utf-8", errors="backslashreplace"))
 
 
 # ---- runs -----------------------------------------------------------------------------------
