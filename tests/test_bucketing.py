@@ -236,6 +236,54 @@ def test_any_iterable_is_packed_and_what_cannot_be_written_is_refused_before_a_c
         unpack([1.0], [torch.empty(1)])
 
 
+def test_tensors_unpacked_over_one_another_are_refused_before_a_copy() -> None:
+    """Only expanded tensors were refused: two tensors over the same memory (z[0:2], z[1:3]; one
+    tensor twice) or one whose strides put elements over each other (as_strided((2, 2), (1, 1)))
+    took the later copy without a word ([0, 2, 3] for [0, 1] and [2, 3])."""
+    flat = torch.arange(4.0)
+    z = torch.zeros(4)
+    for into, i in (
+        ([z[0:2], z[1:3]], 1),
+        ([z[2:4], z[:2], z[1:3]], 2),
+        ([torch.zeros(2), z[:2], z[:2]], 2),
+        ([z.as_strided((2, 2), (1, 1))], 0),
+        ([torch.zeros(1), z[:3].as_strided((3,), (1,)), z[2:3]], 2),
+    ):
+        with pytest.raises(ValueError, match=f"tensor {i} has elements over one another or over an earlier"):
+            unpack(torch.arange(float(sum(t.numel() for t in into))), into)
+        assert z.tolist() == [0.0, 0.0, 0.0, 0.0]
+    # apart, though their address ranges cross or their strides interleave: copied
+    for into, values in (
+        ([z[0::2], z[1::2]], [0.0, 2.0, 1.0, 3.0]),
+        ([z.as_strided((2, 2), (1, 2))], [0.0, 2.0, 1.0, 3.0]),
+        ([z[:2], z[2:]], [0.0, 1.0, 2.0, 3.0]),
+    ):
+        unpack(flat, into)
+        assert z.tolist() == values
+    wide = torch.zeros(8)
+    unpack(torch.arange(6.0), [wide.as_strided((3, 2), (2, 3))])  # offsets 0 3 2 5 4 7: apart
+    assert wide.tolist() == [0.0, 0.0, 2.0, 1.0, 4.0, 3.0, 0.0, 5.0]
+
+
+def test_a_view_that_autograd_would_record_the_copy_in_is_refused_before_a_copy() -> None:
+    """A view by unbind of a tensor that requires grad passed the checks and raised from inside
+    copy_ after the tensors before it had been written; under no_grad it is written."""
+    grown = torch.randn(4, requires_grad=True) * 1  # not a leaf
+    first = torch.zeros(2)
+    for last, needle in (
+        (grown.unbind(0)[0].view(1), "tensor 1 is a tensor that requires grad, or a view of one"),
+        (grown[:1], "tensor 1 is a tensor that requires grad, or a view of one"),
+        (grown.detach().requires_grad_()[:1] * 1, "tensor 1 is a tensor that requires grad;"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            unpack(torch.arange(3.0), [first, last])
+        assert first.tolist() == [0.0, 0.0]
+    with torch.no_grad():
+        part = grown.unbind(0)[3].view(1)
+        unpack(torch.arange(3.0), [first, part])
+    assert first.tolist() == [0.0, 1.0] and grown[3].item() == 2.0
+
+
 def test_a_strided_bucket_is_refused() -> None:
     """The overlap check counts a bucket's elements as adjacent: in big[::2] it missed big[4:5]
     (packed after big[4] was overwritten: [10, 11, 12, 12]) and refused each slice copied onto

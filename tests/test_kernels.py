@@ -55,6 +55,17 @@ def test_copy_bad_input(kwargs, needle):
         copies.host_copy(**kwargs)
 
 
+def test_copy_sizes_may_be_numpy_integers_and_a_bool_is_not_one():
+    """host_copy(np.int64(1024)) was refused as not a whole number, where the collectives take
+    NumPy's integers (segment_bytes)."""
+    np = pytest.importorskip("numpy", reason="numpy is not installed here")
+    r = copies.host_copy(np.int64(4096), iters=np.int32(2), warmup=np.uint8(0))
+    assert r.size_bytes == 4096 and type(r.size_bytes) is int
+    for bad in (True, 8.0, "8", np.float64(8)):
+        with pytest.raises(ValueError, match="size_bytes must be a whole number"):
+            copies.host_copy(bad)
+
+
 def test_copy_on_an_unknown_device_type():
     with pytest.raises(ValueError, match="meta"):
         copies.copy_bandwidth(8, "meta")
@@ -99,6 +110,16 @@ def test_reduce_into_an_unknown_op_names_the_choices():
     """It was a bare KeyError: 'mean'."""
     with pytest.raises(ValueError, match="unknown op 'mean'; choose from sum, avg, prod, max, min"):
         reduce_into(torch.zeros(2), torch.ones(2), torch.ones(2), "mean")
+
+
+def test_reduce_into_refuses_what_is_not_an_op_name_or_a_tensor_in_one_line():
+    """An op given as a list raised "unhashable type: 'list'"; a list for a tensor, AttributeError."""
+    with pytest.raises(ValueError, match="unknown op \\['sum'\\]; choose from sum"):
+        reduce_into(torch.zeros(2), torch.ones(2), torch.ones(2), ["sum"])
+    with pytest.raises(TypeError, match="reduce_into needs tensors, got out list"):
+        reduce_into([0.0, 0.0], torch.ones(2), torch.ones(2), "sum")
+    with pytest.raises(TypeError, match="got b float"):
+        reduce_into(torch.zeros(2), torch.ones(2), 1.0, "sum")
 
 
 def test_reduce_into_may_write_into_an_operand():

@@ -73,24 +73,74 @@ def pack(tensors: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _offsets(t: torch.Tensor) -> torch.Tensor:
+    """Each element's offset from ``t``'s first, in elements, in one flat tensor."""
+    off = torch.zeros((), dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        off = off.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
+    return off.flatten()
+
+
+def _apart(tensors: Sequence[torch.Tensor]) -> int | None:
+    """The index of the first tensor with an element over another of its own or of an earlier
+    tensor's, None when all are apart. Tensors whose dimensions nest (each stride past the reach
+    of the smaller ones) and whose address ranges are disjoint, the common case (parameters, or
+    slices of one buffer in turn), pass at once; only the others have their elements' addresses
+    compared."""
+    spans, doubtful = [], set()
+    for i, t in enumerate(tensors):
+        if t.numel() == 0 or t.device.type == "meta":  # no memory to share
+            continue
+        if t.is_contiguous():
+            reach = t.numel()
+        else:
+            reach = 1  # elements from the first to the last of the dimensions so far, plus one
+            for stride, size in sorted((s, d) for d, s in zip(t.shape, t.stride(), strict=True) if d > 1):
+                if stride < reach:
+                    doubtful.add(i)  # interleaved dimensions, or elements over one another
+                reach += (size - 1) * stride
+        p = t.data_ptr()
+        spans.append((p, p + reach * t.element_size(), i))
+    spans.sort()
+    for (_, end, i), (start, _, j) in zip(spans, spans[1:], strict=False):
+        if start < end:
+            doubtful.update((i, j))
+    if not doubtful:
+        return None
+    size = tensors[0].element_size()
+    ordered = sorted(doubtful)
+    at = torch.cat([_offsets(tensors[i]) * size + tensors[i].data_ptr() for i in ordered])
+    who = torch.cat([torch.full((tensors[i].numel(),), i, dtype=torch.int64) for i in ordered])
+    at, order = at.sort(stable=True)
+    who = who[order]
+    clash = (at[1:] - at[:-1]) < size
+    if not bool(clash.any()):
+        return None
+    return int(torch.maximum(who[:-1][clash], who[1:][clash]).min())
+
+
 def unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     """Copy consecutive slices of the flat buffer back into ``tensors`` (the inverse of ``pack``,
     with the same checks, and each of ``tensors`` one a copy may write: no element of it over
-    another, as an expanded tensor's, no leaf that requires grad (or view of one) while autograd
-    records, and no inference tensor outside inference mode)."""
+    another of its own (an expanded tensor) or of another tensor's, nothing autograd would record
+    the copy in (a tensor that requires grad, or a view of one) unless under torch.no_grad(), and
+    no inference tensor outside inference mode). A failed check leaves every tensor as it was."""
     tensors = list(tensors)
     _check(flat, tensors)
     for i, t in enumerate(tensors):
         if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True)):
             raise ValueError(f"tensor {i} has elements over one another (an expanded tensor); give a copy")
-        leaf = t if t._base is None else t._base
-        if t.requires_grad and leaf.is_leaf and leaf.requires_grad and torch.is_grad_enabled():
-            raise ValueError(
-                f"tensor {i} is a leaf that requires grad{'' if t is leaf else ', or a view of one'}; "
-                "unpack under torch.no_grad()"
-            )
+        base = t if t._base is None else t._base
+        if torch.is_grad_enabled() and (t.requires_grad or base.requires_grad):
+            # A view of a tensor that requires grad made by unbind, split or chunk, or made under
+            # no_grad, raised from inside copy_ after the tensors before it had been written.
+            what = "a leaf that requires grad" if base.is_leaf else "a tensor that requires grad"
+            view = "" if t is base else ", or a view of one"
+            raise ValueError(f"tensor {i} is {what}{view}; unpack under torch.no_grad()")
         if t.is_inference() and not torch.is_inference_mode_enabled():
             raise ValueError(f"tensor {i} is an inference tensor; unpack under torch.inference_mode()")
+    if (i := _apart(tensors)) is not None:
+        raise ValueError(f"tensor {i} has elements over one another or over an earlier tensor's; give copies")
     offset = 0
     for t in tensors:
         n = t.numel()

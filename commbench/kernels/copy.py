@@ -4,6 +4,7 @@ device->device on CUDA, timed with CUDA events. GB/s counts each copied byte onc
 from __future__ import annotations
 
 import dataclasses
+import operator
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -33,13 +34,24 @@ class CopyResult:
     limit_gbps: float | None
 
 
-def _check(size_bytes: int, iters: int, warmup: int) -> None:
-    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes < 1:
+def _whole(value: object) -> int | None:
+    """``value`` as a Python int where it is a whole number (NumPy's too), else None; a bool is not."""
+    try:
+        return None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _check(size_bytes: int, iters: int, warmup: int) -> tuple[int, int, int]:
+    """The three as Python ints, or ValueError naming the first that is not a whole number in range."""
+    size, rounds, first = _whole(size_bytes), _whole(iters), _whole(warmup)
+    if size is None or size < 1:
         raise ValueError(f"size_bytes must be a whole number >= 1, got {size_bytes!r}")
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+    if rounds is None or rounds < 1:
         raise ValueError(f"iters must be >= 1, got {iters!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+    if first is None or first < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup!r}")
+    return size, rounds, first
 
 
 def _result(name: str, size_bytes: int, times: list[float], limit_gbps: float | None) -> CopyResult:
@@ -51,7 +63,7 @@ def _result(name: str, size_bytes: int, times: list[float], limit_gbps: float | 
 
 def host_copy(size_bytes: int, *, iters: int = 10, warmup: int = 2) -> CopyResult:
     """Host memory to host memory with ``Tensor.copy_``, timed on the wall clock."""
-    _check(size_bytes, iters, warmup)
+    size_bytes, iters, warmup = _check(size_bytes, iters, warmup)
     src = torch.ones(size_bytes, dtype=torch.uint8)
     dst = torch.empty_like(src)
     times = []
@@ -160,7 +172,7 @@ def iter_cuda_copies(
         device: the CUDA device (default the current one).
         pcie_limit_gbps: per-direction PCIe maximum, attached to the four host<->device results.
     """
-    _check(size_bytes, iters, warmup)
+    size_bytes, iters, warmup = _check(size_bytes, iters, warmup)
     if not torch.cuda.is_available():
         raise ValueError("CUDA copies asked for, but CUDA is not available here")
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)

@@ -25,10 +25,14 @@ def reduce_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str) ->
         ValueError: when the three differ in shape, dtype or device (torch would broadcast a
             smaller operand or promote a dtype without a word, hiding a wrong-sized buffer), or
             ``op`` is none of the above.
+        TypeError: when one of the three is not a tensor.
     """
-    binary = _BINARY.get(op)
+    binary = _BINARY.get(op) if isinstance(op, str) else None  # a list raised "unhashable type"
     if binary is None:
         raise ValueError(f"unknown op {op!r}; choose from {', '.join(_BINARY)}")
+    for name, t in (("out", out), ("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):  # a list raised AttributeError on its .shape
+            raise TypeError(f"reduce_into needs tensors, got {name} {type(t).__name__}")
     if not out.shape == a.shape == b.shape:
         raise ValueError(
             f"reduce_into needs one shape, got out {tuple(out.shape)}, a {tuple(a.shape)}, b {tuple(b.shape)}"
