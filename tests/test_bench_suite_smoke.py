@@ -35,14 +35,31 @@ def _pytest(args: list[str], env: dict[str, str], timeout: float = 300) -> subpr
     )
 
 
-def test_benchmark_suite_smoke():
+def test_benchmark_suite_smoke(tmp_path):
+    """Also what a saved run says: the world's size in each name, group and extra_info, the rounds
+    run, and a machine_info that two runs on one machine share (the command line and the commit
+    in it made every --benchmark-compare warn that the machine differed), with the threads each
+    rank of the world runs (the pytest process's own count was recorded)."""
     profiled = ["--benchmark-cprofile=cumtime", "--benchmark-cprofile-loops=2", "--benchmark-cprofile-top=1"]
+    saved = tmp_path / "saved.json"
     out = _pytest(
-        [*SUITE, "--benchmark-columns=median,rounds", *profiled], {**LAUNCHED, "COMMBENCH_BENCH_SMOKE": "1"}
+        [*SUITE, "--benchmark-columns=median,rounds", *profiled, f"--benchmark-json={saved}"],
+        {**LAUNCHED, "COMMBENCH_BENCH_SMOKE": "1"},
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "failed" not in out.stdout.splitlines()[-1]
     assert "passed" in out.stdout.splitlines()[-1]
+    run = json.loads(saved.read_text())
+    info = run["machine_info"]["commbench"]
+    assert info["world_size"] == 2 and info["torch_threads"] == 1
+    assert not {"command", "commit", "commit_modified"} & set(info), sorted(info)
+    benchmarks = run["benchmarks"]
+    assert len(benchmarks) > 40
+    for b in benchmarks:
+        assert b["name"].endswith("-64K-2ranks]") and b["group"].endswith(" 64K, 2 ranks"), b["name"]
+        assert b["extra_info"]["world_size"] == 2, b["name"]
+        assert (b["extra_info"]["rounds"], b["extra_info"]["warmup_rounds"]) == (1, 0)
+        assert b["stats"]["rounds"] == 1
 
 
 @pytest.mark.slow  # a launch of its own (12 s); make test keeps the two-rank smoke (CI's ten minutes)
@@ -100,3 +117,42 @@ def test_a_world_below_two_ranks_is_refused_in_one_line(world):
     assert "COMMBENCH_BENCH_WORLD must be a whole number of ranks >= 2" in out.stdout
     assert f"got {world!r}" in out.stdout
     assert "Traceback" not in out.stdout + out.stderr
+
+
+@pytest.mark.slow  # a launch of its own and a stop (about 15 s)
+def test_a_ctrl_c_sent_to_pytest_alone_ends_the_suite_in_seconds():
+    """A Ctrl-C sent to the pytest process alone (an IDE's stop button, `timeout -s INT`) broke rank
+    0's group while the other rank waited in a collective on rank 0, which the traceback kept
+    open: pytest, its forkserver and the rank stayed 132 s, until the group's timeout."""
+    import signal
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *SUITE, "-q", "-p", "no:cacheprovider", "-k", "all_reduce-ring"]
+        + ["--benchmark-min-rounds=1000000", "--benchmark-disable-gc"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        top, deadline = psutil.Process(proc.pid), time.monotonic() + 120
+        while not [c for c in top.children(recursive=True) if c.name().startswith("commbench-r")]:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        time.sleep(3)  # the rounds under way
+        children = top.children(recursive=True)
+        stopped = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=60)[0]
+        took = time.monotonic() - stopped
+        assert took < 40, (took, output[-3000:])
+        assert "KeyboardInterrupt" in output, output[-3000:]
+        _, alive = psutil.wait_procs(children, timeout=20)
+        assert alive == [], [p.name() for p in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

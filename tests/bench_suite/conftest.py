@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.bench_suite.world import BenchWorld
+from tests.bench_suite.world import THREADS, BenchWorld
 
 SMOKE = os.environ.get("COMMBENCH_BENCH_SMOKE") == "1"
 
@@ -29,12 +29,32 @@ def pytest_collection_finish(session):
         pytest.exit(WORLD_REFUSED, returncode=2)
 
 
+# What differs from run to run on one machine, or between commits: in machine_info, every
+# --benchmark-compare warned "Benchmark machine_info is different" (pytest-benchmark keeps the
+# commit in commit_info), hiding a real change of machine.
+NOT_THE_MACHINE = ("command", "commit", "commit_modified")
+
+
 def pytest_benchmark_update_machine_info(config, machine_info):
-    """Saved runs carry commbench's machine information beside pytest-benchmark's."""
+    """Saved runs carry commbench's machine information beside pytest-benchmark's, with the world's
+    size and the torch threads each of its ranks runs (not the pytest process's own count)."""
     from commbench.bench.machine import machine_info as commbench_info
 
-    machine_info["commbench"] = commbench_info("gloo")
-    machine_info["commbench"]["world_size"] = WORLD
+    info = commbench_info("gloo")
+    for name in NOT_THE_MACHINE:
+        info.pop(name)
+    machine_info["commbench"] = {**info, "world_size": WORLD, "torch_threads": THREADS}
+
+
+@pytest.fixture(scope="session")
+def bench_rounds(pytestconfig) -> tuple[int, int]:
+    """Timed rounds and warm-up rounds of each benchmark: 15 and 3, or --benchmark-min-rounds where
+    it asks for more (1 and 0 in the smoke run). Each round needs an untimed setup on every rank,
+    so the suite runs pytest-benchmark's pedantic mode, which --benchmark-max-time and
+    --benchmark-warmup do not reach."""
+    if SMOKE:
+        return 1, 0
+    return max(15, pytestconfig.getoption("benchmark_min_rounds", 0) or 0), 3
 
 
 @pytest.fixture(scope="module")

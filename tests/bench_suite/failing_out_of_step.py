@@ -18,8 +18,8 @@ def test_done_is_lost(bench_world, monkeypatch):
 
 
 def test_the_next_benchmark_fails(benchmark, bench_world):
-    suite.test_collective(benchmark, bench_world, "all_reduce", "ring", 0, False, 64 << 10)
+    suite.test_collective(benchmark, bench_world, (1, 0), "all_reduce", "ring", 0, False, 64 << 10)
 
 
 def test_skipped_after_it(benchmark, bench_world):
-    suite.test_collective(benchmark, bench_world, "broadcast", "builtin", 0, False, 64 << 10)
+    suite.test_collective(benchmark, bench_world, (1, 0), "broadcast", "builtin", 0, False, 64 << 10)

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.benchmark_suite
 
 
 def _bench(benchmark, bench_world, collective: str, algorithm: str) -> None:
-    suite.test_collective(benchmark, bench_world, collective, algorithm, 0, False, 64 << 10)
+    suite.test_collective(benchmark, bench_world, (1, 0), collective, algorithm, 0, False, 64 << 10)
 
 
 def test_wrong_result(benchmark, bench_world, monkeypatch):

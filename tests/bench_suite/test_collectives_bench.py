@@ -1,18 +1,18 @@
 """pytest-benchmark suite: every collective and algorithm at a few sizes (``make bench``).
 
 Runs are saved (``--benchmark-autosave``) so ``pytest-benchmark compare`` shows regressions
-between commits. Times are rank 0's; barriers run in the untimed setup. Every rank checks its
-result of one last call, made as every call is from a poisoned output (an in-place
-reduce_scatter's, inside its input, from the rank's own chunk), so a call that writes nothing
-fails. The poisoning is untimed setup, but it leaves the caches unlike before: runs saved before
-it came compare with later ones only roughly. Rooted collectives also run with a root other
-than rank 0, and reduce_scatter and all_gather in their in-place form too (``sweep --in-place``),
-in groups of their own. Compare
-a benchmark with itself across commits: rank 0 is the pytest process, which also hosts the
-launcher's monitor thread, and each benchmark runs its rounds back to back, so algorithms are
-compared with each other by ``commbench sweep`` (interleaved, slowest rank), not here. With
-COMMBENCH_BENCH_SMOKE=1 one size and one round run, which ``make test`` does so the suite
-cannot rot.
+between commits. A call is timed on rank 0 from its start until every rank has returned from
+it: a barrier closes each call, its own cost timed too (before, a root's broadcast was timed
+until it returned, 18% short of the receivers' end at 16 MiB), and a barrier in the untimed
+setup starts it. Every rank checks its result of one last call, made as every call is from a
+poisoned output (an in-place reduce_scatter's, inside its input, from the rank's own chunk), so
+a call that writes nothing fails. Rooted collectives also run with a root other than rank 0,
+and reduce_scatter and all_gather in their in-place form too (``sweep --in-place``), in groups
+of their own. Each name and group says the world's size. Compare a benchmark with itself across
+commits: rank 0 is the pytest process, which also hosts the launcher's monitor thread, and each
+benchmark runs its rounds back to back, so algorithms are compared with each other by
+``commbench sweep`` (interleaved, slowest rank), not here. With COMMBENCH_BENCH_SMOKE=1 one size
+and one round run, which ``make test`` does so the suite cannot rot.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from tests.bench_suite.world import make
 pytestmark = pytest.mark.benchmark_suite
 
 SIZES = [64 << 10] if SMOKE else [4 << 10, 1 << 20, 16 << 20]
-ROUNDS, WARMUP = (1, 0) if SMOKE else (15, 3)
 ROOTED = ("broadcast", "reduce")  # also run with the last rank as root, where rank 0 is not it
 CASES = [
     *(pytest.param(c, a, 0, False, id=f"{c}-{a}") for c, algos in ALGORITHMS.items() for a in algos),
@@ -49,9 +48,11 @@ def _prepare(b: Buffers, bench_world) -> None:
     bench_world.one_more()
 
 
-@pytest.mark.parametrize("size_bytes", SIZES, ids=lambda s: f"{s >> 10}K")
+# The world's size is in each benchmark's name and group: runs saved at another size were compared
+# with these without a word.
+@pytest.mark.parametrize("size_bytes", SIZES, ids=lambda s: f"{s >> 10}K-{WORLD}ranks")
 @pytest.mark.parametrize("collective,algorithm,root,in_place", CASES)
-def test_collective(benchmark, bench_world, collective, algorithm, root, in_place, size_bytes):
+def test_collective(benchmark, bench_world, bench_rounds, collective, algorithm, root, in_place, size_bytes):
     spec = SPECS[collective]
     b = make(collective, size_bytes, "float32", 0, WORLD, root, in_place)
     # the form benchmarked is the form named: in place, output and input share one buffer
@@ -72,10 +73,11 @@ def test_collective(benchmark, bench_world, collective, algorithm, root, in_plac
         spec.run(b, algorithm, "sum", root, None, bench_world.workspace)
         bench_world.returned()
 
-    benchmark.group = f"{form_name(collective, in_place)} {size_bytes >> 10}K"
+    benchmark.group = f"{form_name(collective, in_place)} {size_bytes >> 10}K, {WORLD} ranks"
+    rounds, warmup = bench_rounds
     try:
         with bench_world.benchmark(collective, algorithm, size_bytes, "float32", root, in_place):
-            benchmark.pedantic(call, setup=setup, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
+            benchmark.pedantic(call, setup=setup, rounds=rounds, warmup_rounds=warmup, iterations=1)
             setup()
             call()  # the call every rank checks: rank 0 here, the others in results()
             wrong = {0: spec.wrong(b, "sum", 0, WORLD, root), **bench_world.results()}
@@ -92,6 +94,9 @@ def test_collective(benchmark, bench_world, collective, algorithm, root, in_plac
     )
     if not benchmark.disabled:
         median = benchmark.stats.stats.median
+        benchmark.extra_info["world_size"] = WORLD
+        benchmark.extra_info["rounds"] = rounds  # pedantic mode: what options.min_rounds says is not used
+        benchmark.extra_info["warmup_rounds"] = warmup
         benchmark.extra_info["size_bytes"] = nbytes
         benchmark.extra_info["in_place"] = spec.runs_in_place(in_place)
         benchmark.extra_info["busbw_gbps"] = nbytes / median / 1e9 * bus_factor(collective, WORLD)

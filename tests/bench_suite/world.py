@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import signal
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -37,6 +38,7 @@ from commbench.bench.records import first_line
 from commbench.comm.ops import parse_dtype
 
 PREFIX = "bench"
+THREADS = 1  # torch threads on every rank of the world, rank 0 (the pytest process) too
 RESULT_TIMEOUT = timedelta(seconds=120)  # as the group's: a helper's check is far shorter
 HELPERS_STOP_S = 30.0  # how long a broken world waits for the other ranks to end, to say why they did
 DONE = 0  # what rank 0 broadcasts after a benchmark's last call; before each call, its number (1, 2, ...)
@@ -65,6 +67,7 @@ def _helper(host: str, port: int, world: int) -> None:
     rank = dist.get_rank() + 1
     dist.destroy_process_group()
     store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=600))
+    store.set(f"pid/{rank}", str(os.getpid()))  # for rank 0 to stop it where the group cannot
     dist.init_process_group(
         "gloo",
         store=dist.PrefixStore(PREFIX, store),
@@ -90,6 +93,7 @@ def _helper(host: str, port: int, world: int) -> None:
                 ready_for_check(target)
             dist.barrier()
             spec.run(target, algorithm, "sum", root, None, workspace)
+            dist.barrier()  # rank 0's timed call ends once every rank has returned from it
         store.set(f"wrong/{i}/{rank}", str(spec.wrong(b, "sum", rank, world, root)))
         i += 1
 
@@ -119,7 +123,7 @@ class BenchWorld:
         self._open = False  # the others repeat the benchmark announced last, not yet told "done"
         self._calling = False  # rank 0 is between one_more and the end of its call
         self.threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # one rank a core, as the launcher sets up the other ranks
+        torch.set_num_threads(THREADS)  # one rank a core, as the launcher sets up the other ranks
         spec = launch.LaunchSpec(world_size=size - 1, timeout_s=120)
 
         def target() -> None:
@@ -179,7 +183,10 @@ class BenchWorld:
         dist.barrier()
 
     def returned(self) -> None:
-        """Rank 0's call (after :meth:`one_more`) returned."""
+        """Rank 0's call (after :meth:`one_more`) returned: it waits for the others to return from
+        theirs (a barrier), so that a call is timed until its last rank is done, as a root's
+        broadcast is not when it returns (the receivers finish after it)."""
+        dist.barrier()
         self._calling = False
 
     def results(self) -> dict[int, int]:
@@ -201,16 +208,30 @@ class BenchWorld:
             raise
 
     def _break(self, why: str) -> None:
-        """End the group now: the others, waiting on rank 0, fail at once rather than at its timeout."""
+        """End the group now, and the other ranks with it: one waiting on rank 0 in a collective
+        waited out the group's timeout (120 s) where the group was left alive by a traceback
+        holding it (a Ctrl-C sent to the pytest process alone)."""
         self.broken = why
         self._open = self._calling = False
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._stop_helpers()
         self.thread.join(timeout=HELPERS_STOP_S)
+
+    def _stop_helpers(self) -> None:
+        """SIGTERM to each other rank still running: each leaves through its launcher's stop handler."""
+        if not self.thread.is_alive():
+            return  # the launch is over, and the pids may name other processes by now
+        for r in range(1, self.size):
+            with contextlib.suppress(Exception):  # not started yet (no pid), or gone already
+                if self.store.check([f"pid/{r}"]):
+                    os.kill(int(self.store.get(f"pid/{r}")), signal.SIGTERM)
 
     def close(self) -> Any:
         self.store.set(f"cmd/{self.i}", pickle.dumps(None))
         if dist.is_initialized():
             dist.destroy_process_group()
-        self.thread.join(timeout=120)
+        self.thread.join(timeout=HELPERS_STOP_S)
+        self._stop_helpers()  # still there: they wait on a group that will not answer
+        self.thread.join(timeout=HELPERS_STOP_S)
         torch.set_num_threads(self.threads)
