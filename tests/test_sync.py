@@ -20,6 +20,13 @@ from commbench.trainers.timing import Clock
 CPU = Clock(torch.device("cpu"))
 
 
+@pytest.fixture(autouse=True)
+def _no_start_broadcast(monkeypatch):
+    """The worlds faked here have no process group for wrap's one broadcast of rank 0's model
+    (start_alike); tests/test_trainers_distributed.py runs it with real ranks."""
+    monkeypatch.setattr(sync, "start_alike", lambda model: None)
+
+
 class _LateWork:
     """An allreduce over two ranks holding the same tensor whose result lands only when waited on,
     as with NCCL: its future completes once the work is queued, not once it has run."""

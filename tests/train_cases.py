@@ -26,6 +26,8 @@ def run_train_case(case: dict[str, Any]) -> Any:
     and buffers, the epoch records and the summaries. With ``case['diff_against']`` naming a
     strategy, each strategy's largest parameter and buffer difference from it replaces the
     tensors (a large model's would not fit through the store)."""
+    if "sync" in case:
+        return run_sync_case(case)
     config = TrainConfig(**case["config"])
     final: dict[str, list[torch.Tensor]] = {}
     buffers: dict[str, list[torch.Tensor]] = {}
@@ -55,3 +57,61 @@ def run_train_case(case: dict[str, Any]) -> Any:
         "epochs": epochs,
         "summaries": summaries,
     }
+
+
+def _net(width: int = 5) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(6, width), torch.nn.ReLU(), torch.nn.Linear(width, 3))
+
+
+def run_sync_case(case: dict[str, Any]) -> Any:
+    """A gradient sync used as a library (commbench.trainers.sync), beside DDP in the same world.
+
+    ``case['sync']`` names the strategy; ``case['kind']``:
+    - "accumulate": two backwards before one after_backward, ``before_backward`` before each
+      (``case['each']``) or only the first; returns the largest difference of the gradients from
+      DDP's after the same two backwards, or the error's text.
+    - "start": each rank builds its model from a seed of its own; returns its parameters after wrap.
+    - "mismatch": rank 1's model is wider; returns the error's text.
+    """
+    import torch.distributed as dist
+
+    from commbench.trainers.sync import make_sync
+    from commbench.trainers.timing import Clock
+
+    rank = dist.get_rank()
+    sync = make_sync(case["sync"], Clock(torch.device("cpu")), cap_bytes=64, first_cap_bytes=32)
+    try:
+        if case["kind"] == "start":
+            torch.manual_seed(100 + rank)
+            model = _net()
+            sync.wrap(model)
+            return [p.detach().clone() for p in model.parameters()]
+        if case["kind"] == "mismatch":
+            try:
+                sync.wrap(_net(5 + rank))
+            except ValueError as exc:
+                return str(exc)
+            return "wrapped"
+        torch.manual_seed(0)
+        model, reference = _net(), _net()
+        reference.load_state_dict(model.state_dict())
+        ddp = torch.nn.parallel.DistributedDataParallel(reference)
+        module = sync.wrap(model)
+        batches = [
+            torch.randn(8, 6, generator=torch.Generator().manual_seed(10 * rank + m)) for m in range(2)
+        ]
+        for x in batches:
+            ddp(x).square().sum().backward()
+        try:
+            for micro, x in enumerate(batches):
+                sync.before_forward()
+                loss = module(x).square().sum()
+                if case["each"] or micro == 0:
+                    sync.before_backward()
+                loss.backward()
+            sync.after_backward()
+        except RuntimeError as exc:
+            return str(exc)
+        return _max_diff([p.grad for p in model.parameters()], [p.grad for p in reference.parameters()])
+    finally:
+        sync.close()

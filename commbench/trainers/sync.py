@@ -1,10 +1,13 @@
 """Gradient-sync strategies: how the ranks' gradients become one average before the optimizer.
 
 Every strategy has the same small interface, used by ``trainers.loop``:
-``wrap(model)`` returns the module the loop calls forward on, ``before_forward()`` syncs the
-model's buffers where DDP would, ``after_backward()`` returns once every gradient is the average
-over ranks, and ``take_intervals()`` hands over this step's communication as (start, end) clock
-stamps, so the loop can say how much was hidden behind backward.
+``wrap(model)`` returns the module the loop calls forward on (with several ranks, each starts
+from rank 0's parameters and buffers, as DDP's constructor makes them), ``before_forward()``
+syncs the model's buffers where DDP would, ``before_backward()`` comes before each backward (a
+sync still open from a backward before is finished first, so accumulated gradients are the sum
+of each backward's average, as with DDP), ``after_backward()`` returns once every gradient is
+the average over ranks, and ``take_intervals()`` hands over this step's communication as
+(start, end) clock stamps, so the loop can say how much was hidden behind backward.
 
 - ``none``: one rank, nothing to sync.
 - ``naive`` / ``ring``: after backward, pack every gradient into one buffer, allreduce it with the
@@ -97,24 +100,57 @@ class GradSync:
         """Release threads and groups."""
 
 
-def broadcast_buffers(model: nn.Module, group: dist.ProcessGroup | None = None) -> None:
-    """Copy rank 0's buffers (BatchNorm statistics) to every rank of ``group``, as
-    DistributedDataParallel does before each forward by default: one builtin broadcast per dtype
-    and device, of the buffers packed into one flat tensor."""
+def _broadcast_from_first(tensors: list[torch.Tensor], group: dist.ProcessGroup | None = None) -> None:
+    """Copy rank 0's ``tensors`` to every rank of ``group``: one builtin broadcast per dtype and
+    device, of the tensors packed into one flat tensor."""
     kinds: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for b in model.buffers():  # read each time, as DDP does, in case a buffer was reassigned
-        kinds.setdefault((b.dtype, b.device), []).append(b)
+    for t in tensors:
+        kinds.setdefault((t.dtype, t.device), []).append(t)
     src = dist.get_global_rank(group, 0) if group is not None else 0
     with torch.no_grad():
-        for (dtype, device), buffers in kinds.items():
-            flat = pack(buffers, torch.empty(sum(b.numel() for b in buffers), dtype=dtype, device=device))
+        for (dtype, device), same in kinds.items():
+            flat = pack(same, torch.empty(sum(t.numel() for t in same), dtype=dtype, device=device))
             dist.broadcast(flat, src=src, group=group)
-            unpack(flat, buffers)
+            unpack(flat, same)
+
+
+def broadcast_buffers(model: nn.Module, group: dist.ProcessGroup | None = None) -> None:
+    """Copy rank 0's buffers (BatchNorm statistics) to every rank of ``group``, as
+    DistributedDataParallel does before each forward by default."""
+    _broadcast_from_first(list(model.buffers()), group)  # read each time, as DDP does
+
+
+def start_alike(model: nn.Module) -> None:
+    """Give every rank rank 0's parameters and buffers, as DistributedDataParallel's constructor
+    does: ranks that built their models from different seeds, or where only rank 0 loaded
+    weights, averaged their gradients and each kept weights of its own. Models that differ in
+    their parameters' or buffers' number or sizes are refused on every rank (ValueError) first,
+    where a broadcast of unequal sizes would fail or hang."""
+    params, buffers = list(model.parameters()), list(model.buffers())
+    sizes = [t.numel() for t in params] + [-1] + [t.numel() for t in buffers]
+    shape = torch.tensor(
+        [len(params), len(buffers), sum(sizes), sum((i + 1) * n for i, n in enumerate(sizes)) % (1 << 61)],
+        dtype=torch.int64,
+    )
+    device = params[0].device if params else torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        shape = shape.to(device)
+    low, high = shape.clone(), shape.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if not torch.equal(low, high):
+        raise ValueError(
+            f"the ranks' models differ (this rank's has {len(params)} parameters and {len(buffers)} "
+            f"buffers of {sum(sizes) + 1} elements in all; their sizes differ between ranks): "
+            "build the same model on every rank"
+        )
+    _broadcast_from_first(params + buffers)
 
 
 class _HandWritten(GradSync):
-    """The strategies made here: like DDP, they broadcast rank 0's buffers before each forward,
-    timed as communication (it cannot overlap backward)."""
+    """The strategies made here: like DDP, they start every rank from rank 0's parameters and
+    buffers, and broadcast rank 0's buffers before each forward, timed as communication (it
+    cannot overlap backward)."""
 
     def __init__(self, clock: Clock) -> None:
         super().__init__(clock)
@@ -123,6 +159,8 @@ class _HandWritten(GradSync):
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self.model = model
+        if self.world > 1:
+            start_alike(model)  # untimed, once, as DDP's constructor
         return model
 
     def before_forward(self) -> None:
@@ -269,16 +307,33 @@ class Bucketed(_HandWritten):
             group = dist.new_group(backend=dist.get_backend(), timeout=p2p.group_timeout(None))
             p2p.prepare(group)  # here on the main thread, where every rank creates groups
             self.ring = _RingThread(self.clock, group)
-        self.before_backward()
+        self._reset()
         return super().wrap(model)
 
     def before_backward(self) -> None:
+        """Before each backward. A sync still open from a backward before (gradient accumulation:
+        backward, before_backward, backward) is finished first, as DDP syncs every backward: the
+        buffers it had launched were packed again and divided while their allreduce ran."""
+        if any(h is not None for h in getattr(self, "handles", ())):
+            self._finish()
+        self._reset()
+
+    def _reset(self) -> None:
         self.waiting = [len(b.params) for b in self.buckets]
+        self.ready = [False] * len(self.params)
         self.next_launch = 0
         self.handles: list[Any] = [None] * len(self.buckets)
         self.missing: list[list[int]] = [[] for _ in self.buckets]
 
     def _grad_ready(self, i: int) -> None:
+        if self.ready[i]:
+            # Its bucket may be on the wire with the last backward's gradient: unpacked over this
+            # one, the average of the first would stand for both.
+            raise RuntimeError(
+                f"bucketed: parameter {i} got a second gradient before after_backward (two backwards, "
+                "as in gradient accumulation): call before_backward before each backward"
+            )
+        self.ready[i] = True
         b = self.bucket_of[i]
         self.waiting[b] -= 1
         # Buckets start strictly in order, as DDP does, so every rank issues the same sequence.
@@ -302,6 +357,11 @@ class Bucketed(_HandWritten):
         self.handles[b] = (work, timed)
 
     def after_backward(self) -> None:
+        self._finish()
+        self._reset()
+
+    def _finish(self) -> None:
+        """Launch the buckets not launched yet, wait for every one and unpack it."""
         # Buckets holding a parameter that got no gradient this step: launched only now, and the
         # buckets after them too, since buckets start in order (the price of not knowing in advance
         # which parameters backward will skip; DDP without find_unused_parameters refuses them).
@@ -321,7 +381,6 @@ class Bucketed(_HandWritten):
                 work.wait()  # CUDA: the current stream waits for the allreduce before unpack reads it
                 timed.wait()  # and its interval is recorded before take_intervals
             _unused_to_none([self.params[i] for i in bucket.params], buffer, missing)
-        self.before_backward()
 
     def close(self) -> None:
         # The hooks go with the sync: left on the model, its next backward would launch allreduces.
