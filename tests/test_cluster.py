@@ -878,3 +878,49 @@ def test_links_under_ipv6s_smallest_mtu_are_built():
         assert json.loads(shown.stdout)[0]["mtu"] == 576
     finally:
         assert netns.destroy(netns.owned(netns.namespaces(), os.getpid())) == []
+
+
+def test_the_hosts_records_name_the_clusters_command_line(tmp_path, monkeypatch):
+    """The hosts' header and the cluster record gave the inner command alone (`commbench sweep
+    ...`): re-run from a report, it measured loopback, not the shaped links."""
+    import shlex
+
+    monkeypatch.setattr(netns, "check_privileges", lambda: None)
+    out = tmp_path / "r.jsonl"
+    argv = [
+        "cluster",
+        "--hosts",
+        "2",
+        "--rate",
+        "1gbit",
+        "--",
+        "sweep",
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+        "--json",
+        str(out),
+    ]
+    seen = {}
+
+    def run_hosts(config, argv, work):
+        seen["env"] = cluster.host_env({}, Topology(hosts=2, owner=1), 0, config.shaping, config.command)
+        out.write_text(json.dumps({"type": "header"}) + "\n")
+        return {0: (1000, 2000), 1: (2000, 1000)}
+
+    monkeypatch.setattr(cluster, "run_hosts", run_hosts)
+    assert cli.main(argv) == 0
+    whole = shlex.join(["commbench", *argv])
+    assert seen["env"][cluster.COMMAND_ENV] == whole
+    (record,) = [r for r in map(json.loads, out.read_text().splitlines()) if r["type"] == "cluster"]
+    assert record["command"] == whole
+    # a host's command takes the line for its header; outside a cluster's host the variable is not read
+    header = tmp_path / "b.jsonl"
+    monkeypatch.setenv(cluster.COMMAND_ENV, whole)
+    assert cli.main(["bandwidth", "--size", "4K", "--json", str(header)]) == 0
+    assert json.loads(header.read_text().splitlines()[0])["command"].startswith("commbench bandwidth")
+    header.unlink()
+    monkeypatch.setenv(cluster.HOST_ENV, "1")
+    assert cli.main(["bandwidth", "--size", "4K", "--json", str(header)]) == 0
+    assert json.loads(header.read_text().splitlines()[0])["command"] == whole

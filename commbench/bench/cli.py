@@ -798,6 +798,10 @@ def _main(argv: list[str] | None) -> int:
         from commbench.bench.machine import command_line
 
         args.command_line = command_line(argv)  # the records' header: this command's, not its caller's
+        from commbench.bench.cluster import COMMAND_ENV, HOST_ENV
+
+        if os.environ.get(HOST_ENV) == "1" and os.environ.get(COMMAND_ENV):
+            args.command_line = os.environ[COMMAND_ENV]  # a cluster's host: the cluster's command
         # The records file as it is before the run (a cluster's, named by its inner command, is
         # stamped by commbench.bench.cluster.run once it has parsed that).
         args.records_before = file_stamp(_records_path(args))

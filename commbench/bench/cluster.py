@@ -61,6 +61,9 @@ class ClusterConfig:
     shaping: Shaping
     inner: tuple[str, ...]
     join_timeout_s: float = 120.0
+    # The whole command line (``commbench cluster ... -- sweep ...``), which the hosts' records
+    # give as theirs: the inner command alone, re-run, measured loopback and not the shaped links.
+    command: str | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.hosts <= netns.MAX_HOSTS:
@@ -163,7 +166,9 @@ def config_from_args(args: argparse.Namespace) -> ClusterConfig:
         loss_percent=given("loss", netns.parse_percent, 0.0),
         mtu=args.mtu,
     )
-    return ClusterConfig(hosts=args.hosts, shaping=shaping, inner=tuple(inner))
+    return ClusterConfig(
+        hosts=args.hosts, shaping=shaping, inner=tuple(inner), command=getattr(args, "command_line", None)
+    )
 
 
 def _check_outputs(inner: argparse.Namespace) -> None:
@@ -228,7 +233,7 @@ def run(args: argparse.Namespace, *, privileges: Callable[[], None] | None = Non
                 hosts=tuple(hosts),
                 link_rate_gbps=config.shaping.link_gbps,
                 tc=config.shaping.as_record(),
-                command=shlex.join(config.inner),
+                command=config.command or shlex.join(config.inner),
             )
             if getattr(inner, "json", None):
                 from commbench.bench.records import append_record
@@ -306,11 +311,15 @@ def launcher_vars(env: Mapping[str, str]) -> set[str]:
 # holds the rendezvous, could go before another host's had its rank's end); the cluster reads the
 # wrong points from the records, and exits 1 after its own record and report.
 HOST_ENV = "COMMBENCH_CLUSTER_HOST"
+COMMAND_ENV = "COMMBENCH_CLUSTER_COMMAND"  # the cluster's command line, for the hosts' records
 
 
-def host_env(base: dict[str, str], topo: Topology, i: int, shaping: Shaping) -> dict[str, str]:
+def host_env(
+    base: dict[str, str], topo: Topology, i: int, shaping: Shaping, command: str | None = None
+) -> dict[str, str]:
     """The environment of host ``i``'s launcher and rank: no outer launcher's variables, one thread,
-    gloo on the host's NIC, and the COMMBENCH_* variables the probes read."""
+    gloo on the host's NIC, the COMMBENCH_* variables the probes read, and the cluster's
+    ``command`` line for the records' header."""
     import commbench
 
     outer = launcher_vars(base)
@@ -326,6 +335,9 @@ def host_env(base: dict[str, str], topo: Topology, i: int, shaping: Shaping) -> 
         COMMBENCH_HOST_ADDRESS=topo.address(i),
     )
     env[HOST_ENV] = "1"
+    env.pop(COMMAND_ENV, None)
+    if command:
+        env[COMMAND_ENV] = command
     return env
 
 
@@ -422,7 +434,10 @@ def run_hosts(config: ClusterConfig, argv: Sequence[str], work: Path) -> dict[in
                     procs.append(
                         subprocess.Popen(
                             ending_with_this_process(host_command(topo, i, argv, config.join_timeout_s)),
-                            env={**host_env(dict(os.environ), topo, i, config.shaping), "TMPDIR": str(work)},
+                            env={
+                                **host_env(dict(os.environ), topo, i, config.shaping, config.command),
+                                "TMPDIR": str(work),
+                            },
                             stdin=subprocess.DEVNULL,
                             stdout=None if i == 0 else log,
                             stderr=log,
