@@ -248,6 +248,7 @@ def test_tensors_unpacked_over_one_another_are_refused_before_a_copy() -> None:
         ([torch.zeros(2), z[:2], z[:2]], 2),
         ([z.as_strided((2, 2), (1, 1))], 0),
         ([torch.zeros(1), z[:3].as_strided((3,), (1,)), z[2:3]], 2),
+        ([z[0::2], z[1:2], z[2:3]], 2),  # over the first, which the second lies inside of too
     ):
         with pytest.raises(ValueError, match=f"tensor {i} has elements over one another or over an earlier"):
             unpack(torch.arange(float(sum(t.numel() for t in into))), into)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from commbench.bench import report
 from commbench.bench.cli import main
 
@@ -308,3 +310,34 @@ def test_a_plot_follows_a_link_keeps_an_upper_case_format_and_writes_a_device_in
     report.plot_busbw(records, os.devnull)  # not a regular file: written where it is, and kept
     assert os.path.exists(os.devnull) and not os.path.isfile(os.devnull)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.PNG", "link.PNG", "plot.svg"]
+
+
+def test_a_plot_in_a_directory_closed_to_new_files_is_written_in_place(tmp_path, monkeypatch):
+    """Written beside its name first, a plot whose file may be written, in a directory this user
+    may not add to, failed where it had been written before."""
+    import os
+
+    from commbench.bench import records
+
+    records_ = [_record("all_reduce", "ring", 1 << k, 0.1 * k) for k in range(10, 12)]
+    png = tmp_path / "kept.png"
+    png.write_bytes(b"old")
+    real_access = os.access
+    monkeypatch.setattr(
+        records.os, "access", lambda p, m: False if str(p) == str(tmp_path) else real_access(p, m)
+    )
+    from matplotlib.figure import Figure
+
+    drawn = Figure.savefig
+
+    def refused_beside(fig, fname, **kwargs):
+        if str(fname).endswith(".partial"):
+            raise PermissionError(13, "Permission denied", str(fname))
+        drawn(fig, fname, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", refused_beside)
+    report.plot_busbw(records_, str(png))
+    assert png.read_bytes().startswith(b"\x89PNG")
+    monkeypatch.setattr(records.os, "access", real_access)  # a directory it may add to: the refusal stands
+    with pytest.raises(PermissionError):
+        report.plot_busbw(records_, str(png))

@@ -384,3 +384,27 @@ def test_ddp_times_its_buffer_broadcast_as_communication(tmp_path) -> None:
         assert len(plain.take_intervals()) == 1
     finally:
         dist.destroy_process_group()
+
+
+def test_buffers_over_the_same_memory_are_broadcast_once(monkeypatch) -> None:
+    """A buffer registered twice, as two views of one tensor, is sent once: unpack refuses tensors
+    over one another, which failed every forward."""
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    sent: list[int] = []
+
+    def broadcast(tensor: torch.Tensor, src: int, group: object = None) -> None:
+        sent.append(tensor.numel())
+        tensor.fill_(7)
+
+    monkeypatch.setattr(dist, "broadcast", broadcast)
+    model = nn.Linear(3, 2)
+    shared = torch.zeros(4)
+    model.register_buffer("counts", shared)
+    model.register_buffer("alias", shared[:])
+    grad_sync = sync.make_sync("naive", CPU)
+    grad_sync.wrap(model)
+    grad_sync.before_forward()
+    assert sent == [4] and shared.tolist() == [7.0] * 4
+    model.register_buffer("part", shared[1:3])  # over part of it: refused, not written twice
+    with pytest.raises(ValueError, match="has elements over one another or over an earlier"):
+        grad_sync.before_forward()

@@ -63,6 +63,15 @@ def _net(width: int = 5) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(6, width), torch.nn.ReLU(), torch.nn.Linear(width, 3))
 
 
+class _Shaped(torch.nn.Module):
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
 def run_sync_case(case: dict[str, Any]) -> Any:
     """A gradient sync used as a library (commbench.trainers.sync), beside DDP in the same world.
 
@@ -71,7 +80,8 @@ def run_sync_case(case: dict[str, Any]) -> Any:
       (``case['each']``) or only the first; returns the largest difference of the gradients from
       DDP's after the same two backwards, or the error's text.
     - "start": each rank builds its model from a seed of its own; returns its parameters after wrap.
-    - "mismatch": rank 1's model is wider; returns the error's text.
+    - "mismatch": rank 1's model differs from rank 0's (``case['how']``: "wider", "transposed"
+      (as many elements, another shape), "dtype"); returns the error's text.
     """
     import torch.distributed as dist
 
@@ -87,8 +97,13 @@ def run_sync_case(case: dict[str, Any]) -> Any:
             sync.wrap(model)
             return [p.detach().clone() for p in model.parameters()]
         if case["kind"] == "mismatch":
+            model = {
+                "wider": lambda: _net(5 + rank),  # sizes differ
+                "transposed": lambda: _Shaped((6, 6) if rank == 0 else (4, 9)),  # 36 elements either way
+                "dtype": lambda: _net().to(torch.float64 if rank == 1 else torch.float32),
+            }[case["how"]]()
             try:
-                sync.wrap(_net(5 + rank))
+                sync.wrap(model)
             except ValueError as exc:
                 return str(exc)
             return "wrapped"

@@ -254,7 +254,13 @@ def write_whole(path: str | Path, write: Callable[[Path], None]) -> None:
         return
     scratch = target.with_name(f".{target.name}.{os.getpid()}.partial")
     try:
-        write(scratch)
+        try:
+            write(scratch)
+        except PermissionError:
+            if not target.is_file() or os.access(target.parent, os.W_OK):
+                raise
+            write(target)  # a directory this user may not add to, holding a file it may write
+            return
         with contextlib.suppress(OSError):  # none there yet: the new file's mode stands
             shutil.copymode(target, scratch)
         os.replace(scratch, target)

@@ -102,9 +102,12 @@ def _apart(tensors: Sequence[torch.Tensor]) -> int | None:
         p = t.data_ptr()
         spans.append((p, p + reach * t.element_size(), i))
     spans.sort()
-    for (_, end, i), (start, _, j) in zip(spans, spans[1:], strict=False):
-        if start < end:
-            doubtful.update((i, j))
+    reach_end, widest = -1, -1  # the furthest end of the spans so far, and whose it is
+    for start, end, i in spans:
+        if start < reach_end:  # over an earlier span, not only the one just before it
+            doubtful.update((i, widest))
+        if end > reach_end:
+            reach_end, widest = end, i
     if not doubtful:
         return None
     size = tensors[0].element_size()

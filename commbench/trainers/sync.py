@@ -21,6 +21,7 @@ the average over ranks, and ``take_intervals()`` hands over this step's communic
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import queue
 import threading
 from collections.abc import Callable
@@ -104,7 +105,14 @@ def _broadcast_from_first(tensors: list[torch.Tensor], group: dist.ProcessGroup 
     """Copy rank 0's ``tensors`` to every rank of ``group``: one builtin broadcast per dtype and
     device, of the tensors packed into one flat tensor."""
     kinds: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    seen: set[tuple[Any, ...]] = set()
     for t in tensors:
+        # Two tensors over the same memory in the same layout (a buffer registered twice under
+        # two names as views) are sent once: unpack refuses tensors over one another.
+        same = (t.data_ptr(), t.dtype, t.device, tuple(t.shape), t.stride())
+        if t.device.type != "meta" and t.numel() and same in seen:
+            continue
+        seen.add(same)
         kinds.setdefault((t.dtype, t.device), []).append(t)
     src = dist.get_global_rank(group, 0) if group is not None else 0
     with torch.no_grad():
@@ -123,25 +131,27 @@ def broadcast_buffers(model: nn.Module, group: dist.ProcessGroup | None = None) 
 def start_alike(model: nn.Module) -> None:
     """Give every rank rank 0's parameters and buffers, as DistributedDataParallel's constructor
     does: ranks that built their models from different seeds, or where only rank 0 loaded
-    weights, averaged their gradients and each kept weights of its own. Models that differ in
-    their parameters' or buffers' number or sizes are refused on every rank (ValueError) first,
-    where a broadcast of unequal sizes would fail or hang."""
+    weights, averaged their gradients and each kept weights of its own. Models whose parameters
+    and buffers differ in number, shape or dtype are refused on every rank (ValueError) first,
+    where a broadcast of unequal sizes would fail or hang: each rank's list of them, hashed, is
+    compared through its least and greatest over the ranks."""
     params, buffers = list(model.parameters()), list(model.buffers())
-    sizes = [t.numel() for t in params] + [-1] + [t.numel() for t in buffers]
-    shape = torch.tensor(
-        [len(params), len(buffers), sum(sizes), sum((i + 1) * n for i, n in enumerate(sizes)) % (1 << 61)],
-        dtype=torch.int64,
+    layout = repr(
+        [(tuple(t.shape), str(t.dtype)) for t in params]
+        + ["buffers"]
+        + [(tuple(t.shape), str(t.dtype)) for t in buffers]
     )
-    device = params[0].device if params else torch.device("cpu")
+    digest = int.from_bytes(hashlib.sha256(layout.encode()).digest()[:8], "big") >> 2  # an int64's range
+    mine = torch.tensor([digest], dtype=torch.int64)
     if dist.get_backend() == "nccl":
-        shape = shape.to(device)
-    low, high = shape.clone(), shape.clone()
+        mine = mine.to(params[0].device if params else torch.device("cuda", torch.cuda.current_device()))
+    low, high = mine.clone(), mine.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
     if not torch.equal(low, high):
         raise ValueError(
             f"the ranks' models differ (this rank's has {len(params)} parameters and {len(buffers)} "
-            f"buffers of {sum(sizes) + 1} elements in all; their sizes differ between ranks): "
+            "buffers; their number, shapes or dtypes differ between ranks): "
             "build the same model on every rank"
         )
     _broadcast_from_first(params + buffers)
@@ -289,6 +299,7 @@ class Bucketed(_HandWritten):
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self.params = packable(model)
+        module = super().wrap(model)  # rank 0's model on every rank, or refused before any hook
         p0 = self.params[0]
         self.buckets = assign_buckets(
             [p.numel() for p in self.params], p0.element_size(), self.cap_bytes, self.first_cap_bytes
@@ -308,7 +319,7 @@ class Bucketed(_HandWritten):
             p2p.prepare(group)  # here on the main thread, where every rank creates groups
             self.ring = _RingThread(self.clock, group)
         self._reset()
-        return super().wrap(model)
+        return module
 
     def before_backward(self) -> None:
         """Before each backward. A sync still open from a backward before (gradient accumulation:

@@ -40,6 +40,7 @@ from commbench.comm.ops import parse_dtype
 PREFIX = "bench"
 THREADS = 1  # torch threads on every rank of the world, rank 0 (the pytest process) too
 RESULT_TIMEOUT = timedelta(seconds=120)  # as the group's: a helper's check is far shorter
+HELPERS_TERM_S = 3.0  # how long a rank stopped with SIGTERM has before SIGKILL
 HELPERS_STOP_S = 30.0  # how long a broken world waits for the other ranks to end, to say why they did
 DONE = 0  # what rank 0 broadcasts after a benchmark's last call; before each call, its number (1, 2, ...)
 
@@ -219,13 +220,24 @@ class BenchWorld:
         self.thread.join(timeout=HELPERS_STOP_S)
 
     def _stop_helpers(self) -> None:
-        """SIGTERM to each other rank still running: each leaves through its launcher's stop handler."""
+        """SIGTERM to each other rank still running, then SIGKILL to those still there after a few
+        seconds: a rank waiting inside a gloo call runs its Python stop handler only once the call
+        returns, at the group's timeout (the launcher then says it was killed)."""
+        import psutil
+
         if not self.thread.is_alive():
             return  # the launch is over, and the pids may name other processes by now
+        helpers = []
         for r in range(1, self.size):
             with contextlib.suppress(Exception):  # not started yet (no pid), or gone already
                 if self.store.check([f"pid/{r}"]):
-                    os.kill(int(self.store.get(f"pid/{r}")), signal.SIGTERM)
+                    helper = psutil.Process(int(self.store.get(f"pid/{r}")))
+                    helper.send_signal(signal.SIGTERM)
+                    helpers.append(helper)
+        _, alive = psutil.wait_procs(helpers, timeout=HELPERS_TERM_S)
+        for helper in alive:
+            with contextlib.suppress(psutil.Error):
+                helper.kill()
 
     def close(self) -> Any:
         self.store.set(f"cmd/{self.i}", pickle.dumps(None))
