@@ -183,12 +183,29 @@ def test_table_lists_each_point_with_its_error():
     assert text.count("naive") == text.count("ring") == 4  # 1, 4, 16, 64 MiB
 
 
+def test_fitted_points_left_out_of_the_rows_are_counted():
+    """The fit's line counted the points under 1 MiB, and the rows left them out without a word."""
+    pts = alphabeta.points(_synthetic())
+    model = alphabeta.fit(pts)
+    rows = alphabeta.compare(pts, model)
+    small = sum(p.size_bytes < 1 << 20 for p in pts)
+    assert small and len(rows) == model.points - small
+    text = alphabeta.table(model, rows)
+    assert (
+        text.splitlines()[-1]
+        == f"# {small} fitted point(s) under 1 MiB, where the steps set the time, not listed"
+    )
+    big = [p for p in pts if p.size_bytes >= 1 << 20]
+    model = alphabeta.fit(big)
+    assert "not listed" not in alphabeta.table(model, alphabeta.compare(big, model))
+
+
 def test_a_fit_of_small_points_alone_gives_no_beta():
     small = [p for p in alphabeta.points(_synthetic()) if p.size_bytes < 1 << 20]  # 1 KiB to 256 KiB
     model = alphabeta.fit(small)
     text = alphabeta.table(model, alphabeta.compare(small, model))
     assert "us per step, beta not measured (no point of 1 MiB or more" in text
-    assert "ns/B" not in text and text.count("\n") == 1  # the header lines alone
+    assert "ns/B" not in text and text.count("\n") == 2  # the header lines and the count of the unlisted
 
 
 def test_table_rows_carry_measured_predicted_and_error():

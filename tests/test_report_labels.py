@@ -341,3 +341,29 @@ def test_a_plot_in_a_directory_closed_to_new_files_is_written_in_place(tmp_path,
     monkeypatch.setattr(records.os, "access", real_access)  # a directory it may add to: the refusal stands
     with pytest.raises(PermissionError):
         report.plot_busbw(records_, str(png))
+
+
+def test_a_csv_cell_of_nested_records_is_json():
+    """The hosts column read "{'rank': 0, 'address': '127.0.0.1', ...}", Python's repr, which no
+    JSON or CSV reader could take apart; lists of numbers stay space-separated."""
+    import csv
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    from commbench.bench.records import RecordWriter
+
+    @dataclasses.dataclass
+    class Point:
+        sent: list
+        hosts: list
+        ok: bool
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d, "r.csv")
+        writer = RecordWriter(None, str(path))
+        writer.write(Point(sent=[1, 2], hosts=[{"rank": 0, "address": "127.0.0.1", "up": True}], ok=True))
+        writer.close()
+        (row,) = csv.DictReader(path.open())
+    assert row["sent"] == "1 2" and row["ok"] == "True"
+    assert json.loads(row["hosts"]) == [{"rank": 0, "address": "127.0.0.1", "up": True}]

@@ -218,4 +218,6 @@ def table(model: AlphaBeta, rows: Sequence[Row]) -> str:
             f"{r.algorithm:>11} {r.size_bytes:>12} {r.measured_us:>13.1f} {r.predicted_us:>14.1f} "
             f"{r.error:>+7.1%}"
         )
+    if (unlisted := model.points - len(rows)) > 0:  # the count above named more points than the rows
+        lines.append(f"# {unlisted} fitted point(s) under 1 MiB, where the steps set the time, not listed")
     return "\n".join(lines)

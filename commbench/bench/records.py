@@ -382,7 +382,7 @@ class RecordWriter:
             self._json.write(json.dumps(row) + "\n")
             self._json.flush()
         if self._csv_file and not isinstance(record, dict):
-            flat = {k: (" ".join(map(str, v)) if isinstance(v, list) else v) for k, v in row.items()}
+            flat = {k: _csv_cell(v) for k, v in row.items()}
             if self._csv is None:
                 self._csv = csv.DictWriter(self._csv_file, fieldnames=list(flat))
                 self._csv.writeheader()
@@ -393,6 +393,16 @@ class RecordWriter:
         for f in (self._json, self._csv_file):
             if f:
                 f.close()
+
+
+def _csv_cell(value: Any) -> Any:
+    """A CSV cell: a list of numbers space-separated; what nests (a list of the hosts' dicts) as
+    JSON, which a reader can parse (Python's repr, with its quotes and True, it could not)."""
+    if isinstance(value, list) and not any(isinstance(v, list | dict) for v in value):
+        return " ".join(map(str, value))
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return value
 
 
 def file_stamp(path: str | Path | None) -> tuple[int, int, int] | None:
