@@ -169,7 +169,8 @@ def test_a_cluster_run_without_probed_points_keeps_its_per_host_table(tmp_path):
 
 def test_auto_is_named_by_what_it_picked_in_full():
     """The name was cut to the column's 9 characters: auto picking naive read "auto:naiv", and a
-    segmented auto ("auto@2M") did not say what it picked at all."""
+    segmented auto ("auto@2M") did not say what it picked at all, and auto and auto@2M picking rd
+    were two rows of one name."""
     picked = [
         {**_record("all_reduce", "auto", 4096, 1.0), "resolved_algorithm": "naive"},
         {**_record("all_reduce", "auto@2M", 4096, 1.0), "resolved_algorithm": "ring"},
@@ -177,8 +178,8 @@ def test_auto_is_named_by_what_it_picked_in_full():
         {**_record("all_reduce", "auto@2M", 4096, 1.0), "resolved_algorithm": "rd"},
     ]
     names = [line.split()[-7] for line in report.table_rows(picked).splitlines()]
-    # rd picked by auto@2M runs unsegmented: no 2M in its name
-    assert names == ["auto:naive", "auto:ring@2M", "auto:rd", "auto:rd"]
+    # rd picked by auto@2M runs unsegmented: the 2M is the series', before the pick (both read auto:rd)
+    assert names == ["auto:naive", "auto:ring@2M", "auto:rd", "auto@2M:rd"]
 
 
 def test_headings_count_one_rank_as_one_rank():

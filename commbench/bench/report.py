@@ -55,15 +55,17 @@ def _fields(r: Any) -> dict[str, Any]:
 
 def series_name(r: dict[str, Any]) -> str:
     """A sweep record's algorithm as tables name it: auto with what it picked, auto:NAME, and the
-    segment where the pick is segmented (auto@64K picking the ring: auto:ring@64K; picking rd,
-    which runs unsegmented: auto:rd). A record without the pick: its algorithm as given."""
+    segment where the pick is segmented (auto@64K picking the ring: auto:ring@64K). A pick that
+    runs unsegmented keeps the series' segment before it (auto@64K picking rd: auto@64K:rd), so
+    that auto and auto@64K picking rd are told apart (both read auto:rd). A record without the
+    pick: its algorithm as given."""
     from commbench.comm import SEGMENTED
 
     algorithm, at, segment = r["algorithm"].partition("@")
     picked = r.get("resolved_algorithm")
     if algorithm != "auto" or not picked:
         return r["algorithm"]
-    return f"auto:{picked}{at}{segment}" if picked in SEGMENTED else f"auto:{picked}"
+    return f"auto:{picked}{at}{segment}" if picked in SEGMENTED else f"auto{at}{segment}:{picked}"
 
 
 def _labelled_limit(r: dict[str, Any], rows: Sequence[dict[str, Any]]) -> bool:
