@@ -498,6 +498,29 @@ def test_train_none_runs_on_one_rank_without_world_size(tmp_path: Path, capfd) -
     assert summary["comm_ms"] == 0 and summary["hidden_comm_fraction"] is None
 
 
+def test_a_loss_threshold_is_said_under_the_table_and_in_the_report(tmp_path: Path, capfd) -> None:
+    """The epoch and time to --loss-threshold were in the JSON Lines alone: neither the table nor
+    the report said them."""
+    path = tmp_path / "t.jsonl"
+    argv = ["train", "--strategy", "none", *TINY, "--json", str(path), "--no-probe"]
+    assert main([*argv, "--loss-threshold", "100"]) == 0
+    out = capfd.readouterr().out
+    summary = [json.loads(x) for x in path.read_text().splitlines()][-1]
+    took = summary["time_to_threshold_s"]
+    assert summary["epochs_to_threshold"] == 1 and took > 0
+    assert f"# loss below 100: none in epoch 1, after {took:.3f} s of training\n" in out
+    assert main(["report", str(path), "-o", str(tmp_path / "out")]) == 0
+    assert (
+        f"loss below 100: none in epoch 1, after {took:.3f} s of training."
+        in (tmp_path / "out" / "report.md").read_text()
+    )
+    from commbench.bench.report import threshold_lines
+
+    missed = {**summary, "loss_threshold": 1e-9, "epochs_to_threshold": None, "time_to_threshold_s": None}
+    assert threshold_lines([missed]) == ["loss below 1e-09: none not within its 1 epoch(s)"]
+    assert threshold_lines([{**summary, "loss_threshold": None}]) == []
+
+
 # 9 s (a subprocess and two ranks); the launch's own check now says this error first, and a
 # rank's failure in one line is tested in test_cli. CI's ten minutes were close (405 s here).
 @pytest.mark.slow

@@ -140,6 +140,25 @@ def closing_lines(records: Sequence[Any]) -> list[str]:
     ]
 
 
+def threshold_lines(summaries: Sequence[dict[str, Any]]) -> list[str]:
+    """Where a run was given --loss-threshold, one line for each strategy: the epoch in which its
+    mean training loss first fell below it and the training time until then, or that it did not
+    (it was in the records alone, which neither the table nor the report showed)."""
+    lines = []
+    for s in summaries:
+        threshold = s.get("loss_threshold")
+        if threshold is None:
+            continue
+        epoch, took = s.get("epochs_to_threshold"), s.get("time_to_threshold_s")
+        reached = (
+            f"in epoch {epoch}, after {took:.3f} s of training"
+            if epoch is not None and took is not None
+            else f"not within its {s.get('epochs', '?')} epoch(s)"
+        )
+        lines.append(f"loss below {threshold:g}: {s['strategy']} {reached}")
+    return lines
+
+
 def table_footer(records: Sequence[Any]) -> str:
     """:func:`closing_lines` as the sweep's table prints them."""
     return "\n".join(f"# {line}" for line in closing_lines(records))

@@ -32,7 +32,7 @@ from commbench.bench.records import (
     shown,
     write_whole,
 )
-from commbench.bench.report import md_code_block, md_text, one_line
+from commbench.bench.report import md_code_block, md_text, one_line, threshold_lines
 from commbench.bench.signals import Interrupted
 from commbench.probes.wirecheck import says_off
 from commbench.units import rank_count
@@ -758,6 +758,7 @@ def training_section(run: Run, plots: _Plots) -> list[Block]:
             table(
                 [c[1] for c in SUMMARY_COLUMNS], [[c[2](s) for c in SUMMARY_COLUMNS] for s in run.summaries]
             ),
+            *([Para(text="; ".join(lines) + ".")] if (lines := threshold_lines(run.summaries)) else []),
         ]
     else:
         config = run.header.get("config")

@@ -78,7 +78,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help="batch the given --lr was tuned for (read by --lr-scaling linear; none leaves --lr as given)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of model and data (default 0)")
-    p.add_argument("--loss-threshold", type=float, default=None, help="report epochs and time to this loss")
+    p.add_argument(
+        "--loss-threshold",
+        type=float,
+        default=None,
+        help="say in which epoch the mean training loss first fell below this, and after how long",
+    )
     p.add_argument(
         "--transport",
         choices=TRANSPORTS,
@@ -309,6 +314,10 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
         say(summary_table(rows))
         say(wire_flag_lines(epochs), end="")
         say(diverged_lines(epochs), end="")
+        from commbench.bench.report import threshold_lines
+
+        for line in threshold_lines(rows):
+            say(f"# {line}")
         if probe_record is not None:
             say(overhead_line(probe_record))
     if rank0 and config.plot_path:
