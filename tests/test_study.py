@@ -1134,3 +1134,32 @@ def test_the_scale_variable_is_read_as_the_other_commbench_variables(
     assert main(["study", "000_backbones", "--dry-run", "-o", str(tmp_path / "s")]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert f"/runs/{prefix}backbone.jsonl" in first, first
+
+
+def test_a_hosts_cpu_share_over_too_few_steps_is_not_given():
+    """Over 3 steps of 7.7 ms, a tick and a half of CPU a step read as 261% of one core on a
+    machine of two; bytes a second are given either way."""
+    from commbench.bench import reporting as rp
+    from commbench.bench import study as st
+
+    def run(steps: int) -> rp.Run:
+        hosts = [{"rank": r, "tx_bytes": 1000, "cpu_user": 0.005, "cpu_system": 0.015} for r in (0, 1)]
+        epoch = {"strategy": "ring", "epoch": 1, "steps": steps, "hosts": hosts}
+        return rp.Run(
+            path="r.jsonl",
+            label="r",
+            header={},
+            sweeps=(),
+            epochs=(epoch,),
+            summaries=(),
+            probes=(),
+            clusters=(),
+        )
+
+    summary = {"strategy": "ring", "step_time_ms": 7.7}
+    cpu, send = st.METRICS["host_cpu_sys_pct"][2], st.METRICS["host_tx_mbps"][2]
+    assert cpu(run(3), summary) is None
+    assert send(run(3), summary) == pytest.approx(1000 / 0.0077 / 1e6)
+    assert cpu(run(100), summary) == pytest.approx(0.015 / 0.0077 * 100)  # 0.77 s of steps
+    text = rp.render_markdown(st._host_blocks([{"summary": summary, "run": run(3), "point": []}]))
+    assert "| ring | 0 | - | 0.001 | - | 0.1 | - | - |" in text, text

@@ -934,15 +934,36 @@ def _gpu_stat(run: rp.Run, key: str, stat: str, scale: float = 1.0) -> float | N
     return max(values) if values else None
 
 
-def _hosts(run: rp.Run, strategy: str) -> list[dict[str, Any]]:
+def _last_counted(run: rp.Run, strategy: str) -> dict[str, Any] | None:
+    """The strategy's last epoch whose steps were counted host by host."""
     last = [e for e in run.epochs if e["strategy"] == strategy and e.get("hosts")]
-    return last[-1]["hosts"] if last else []
+    return last[-1] if last else None
+
+
+def _hosts(run: rp.Run, strategy: str) -> list[dict[str, Any]]:
+    epoch = _last_counted(run, strategy)
+    return epoch["hosts"] if epoch else []
+
+
+# CPU time moves in 10 ms clock ticks: over a few short steps, a tick or two more or less is most of
+# a step (0.015 s a step over 7.7 ms steps read as 261% of one core, on a machine of two). Below this
+# much stepping in the counted epoch, a host's CPU share is not given.
+MIN_CPU_WINDOW_S = 0.5
+
+
+def _cpu_countable(run: rp.Run, s: dict[str, Any]) -> bool:
+    epoch = _last_counted(run, s["strategy"])
+    steps = epoch.get("steps") if epoch else None
+    return bool(steps and s["step_time_ms"]) and steps * s["step_time_ms"] / 1e3 >= MIN_CPU_WINDOW_S
 
 
 def _host_rate(run: rp.Run, s: dict[str, Any], key: str, scale: float) -> float | None:
-    """A per-step host quantity over the step time (bytes/s or CPU share), the busiest host."""
+    """A per-step host quantity over the step time (bytes/s or CPU share), the busiest host; a CPU
+    share over too short a stretch of steps is None (see MIN_CPU_WINDOW_S)."""
     hosts = _hosts(run, s["strategy"])
     if not hosts or not s["step_time_ms"]:
+        return None
+    if key.startswith("cpu_") and not _cpu_countable(run, s):
         return None
     return max(h[key] for h in hosts) / (s["step_time_ms"] / 1e3) * scale
 
@@ -1177,6 +1198,7 @@ def _host_blocks(rows: list[dict[str, Any]]) -> list[rp.Block]:
         if len(hosts) < 2:
             continue
         step_s = s["step_time_ms"] / 1e3 if s["step_time_ms"] else None
+        cpu_s = step_s if _cpu_countable(run, s) else None
         for h in hosts:
             body.append(
                 [
@@ -1187,8 +1209,8 @@ def _host_blocks(rows: list[dict[str, Any]]) -> list[rp.Block]:
                     rp.mb(h["tx_bytes"]),
                     rp.mb(h.get("computed_tx_bytes")),
                     rp.fmt(h["tx_bytes"] / step_s / 1e6 if step_s else None, ".1f"),
-                    rp.fmt(100 * h["cpu_user"] / step_s if step_s else None, ".0f"),
-                    rp.fmt(100 * h["cpu_system"] / step_s if step_s else None, ".0f"),
+                    rp.fmt(100 * h["cpu_user"] / cpu_s if cpu_s else None, ".0f"),
+                    rp.fmt(100 * h["cpu_system"] / cpu_s if cpu_s else None, ".0f"),
                 ]
             )
     if not body:
@@ -1196,7 +1218,8 @@ def _host_blocks(rows: list[dict[str, Any]]) -> list[rp.Block]:
     return [
         rp.Para(
             text="Per node (last epoch, per step): bytes sent at the host's interface beside the cost "
-            "model, send rate over the step time, and CPU as % of one core (user, system)."
+            "model, send rate over the step time, and CPU as % of one core (user, system; '-' where the "
+            "epoch's steps took under 0.5 s in all, a stretch the CPU's 10 ms clock ticks cannot divide)."
         ),
         rp.table(
             [
