@@ -668,3 +668,21 @@ def test_a_loss_that_stops_being_finite_is_said_under_the_table():
         "# diverged: ddp epoch 1: the loss is nan (try a smaller --lr)\n"
     )
     assert diverged_lines(epochs[:1]) == ""
+
+
+def test_a_weights_file_that_is_not_there_is_refused_before_any_rank_starts(tmp_path: Path, capfd) -> None:
+    """It was found missing by each rank: "commbench: rank 0 failed: ValueError: ...", read as a
+    crash rather than as bad input."""
+    missing = tmp_path / "none.pt"
+    argv = [
+        "train",
+        "--model",
+        "alexnet",
+        "--model-opt",
+        f"weights={missing}",
+        "--model-opt",
+        "image_size=64",
+    ]
+    assert main([*argv, "--world-size", "2", "--steps-per-epoch", "1", "-q"]) == 2
+    err = capfd.readouterr().err
+    assert err == f"commbench: error: option weights: no file at {missing}\n", err
