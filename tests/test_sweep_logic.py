@@ -490,6 +490,22 @@ def test_the_table_header_says_how_the_series_took_turns(warmup, iters, block, s
 
 
 @pytest.mark.parametrize(
+    "collective, limit, said",
+    [("all_reduce", True, True), ("all_reduce", False, False), ("sendrecv", True, False)],
+)
+def test_the_table_header_explains_limit_only_where_there_is_a_limit_row(collective, limit, said):
+    """With --no-limit (and in a send/recv sweep, which is the limit itself) the header explained
+    a 'limit' row the table did not have."""
+    from commbench.bench.report import table_header
+
+    algorithms = ("p2p",) if collective == "sendrecv" else ("ring",)
+    config = SweepConfig(collective=collective, limit=limit, algorithms=algorithms)
+    header = table_header(config, {"world_size": 2, "backend": "gloo", "device": "cpu"})
+    assert header.splitlines()[2].startswith("# busbw = algbw x bus factor (nccl-tests)")
+    assert ("'limit' = bidirectional send/recv" in header) is said
+
+
+@pytest.mark.parametrize(
     "collective, algorithms, world, per_series",
     [
         # all_reduce: the tensor (in place) and its pristine copy; the limit: input, output, copy

@@ -31,8 +31,13 @@ def table_header(config: Any, run: dict[str, Any], ranks: Sequence[dict[str, Any
         f"device {run['device']}\n{places}"
         f"# time = median of {config.iters} {iterations} (after {config.warmup} warm-up) of the slowest "
         f"rank; {_order(config)}; GB/s = 1e9 B/s\n"
-        f"# busbw = algbw x bus factor (nccl-tests); 'limit' = bidirectional send/recv between ring "
-        f"neighbours at the same size\n#{_COLS[1:]}"
+        f"# busbw = algbw x bus factor (nccl-tests)"
+        + (
+            "; 'limit' = bidirectional send/recv between ring neighbours at the same size"
+            if getattr(config, "limit", True) and config.collective != "sendrecv"
+            else ""  # --no-limit, or send/recv itself: no limit row
+        )
+        + f"\n#{_COLS[1:]}"
     )
 
 
