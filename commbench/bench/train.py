@@ -406,12 +406,13 @@ def cmd_train(config: Any, spec: Any, command: str | None = None, name: str = "t
 
 
 def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | None = None) -> None:
-    """What every rank would refuse on its own, said once before any starts (ValueError): a real
-    dataset's missing or malformed files, a training set that ``ranks_here`` ranks on this
-    machine could not index, synthetic images they could not hold, a model they could not hold
-    training on ``device``, and on the CPU a batch of a backbone's resized input they could not
-    hold (on CUDA each rank checks its GPU; see :func:`~commbench.trainers.loop.index_memory_refusal`,
-    ``synthetic_memory_refusal``, ``model_memory_refusal`` and ``input_memory_refusal``)."""
+    """What every rank would refuse on its own, said once before any starts (ValueError): a model's
+    weights file that is not there, a real dataset's missing or malformed files, a training set
+    that ``ranks_here`` ranks on this machine could not index, synthetic images they could not
+    hold, a model they could not hold training on ``device``, and on the CPU a batch of a
+    backbone's resized input they could not hold (on CUDA each rank checks its GPU; see
+    :func:`~commbench.trainers.loop.index_memory_refusal`, ``synthetic_memory_refusal``,
+    ``model_memory_refusal`` and ``input_memory_refusal``)."""
     import psutil
 
     from commbench.trainers.data import DatasetConfig, build_dataset, split_size
@@ -425,6 +426,9 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | N
         synthetic_memory_refusal,
     )
 
+    weights = dict(config.model_options).get("weights")
+    if weights is not None and not Path(weights).is_file():  # each rank found it missing: "rank 0 failed"
+        raise ValueError(f"{config.model} weights: no file at {weights}")
     if config.dataset != "synthetic":
         # as the ranks build them: the training set at its --samples, and the held-out set they evaluate on
         samples = len(

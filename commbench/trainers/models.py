@@ -98,8 +98,6 @@ class BackboneOptions(_Options):
             if not isinstance(self.weights, str | os.PathLike):
                 raise ValueError(f"option weights must be a file path, got {self.weights!r}")
             object.__setattr__(self, "weights", os.fspath(self.weights))
-            if not Path(self.weights).is_file():  # where the options are read, before any rank starts
-                raise ValueError(f"option weights: no file at {self.weights}")
 
 
 @dataclass(frozen=True, kw_only=True)
