@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -597,6 +598,8 @@ def test_three_hosts_bytes_per_host_match_the_cost_model(tmp_path, capfd, monkey
     assert {r["world_size"] for r in sweep} == {3} and all(r["wrong"] == 0 for r in sweep)
     (rec,) = [r for r in records if r.get("type") == "cluster"]
     assert rec["link_rate_gbps"] == 0.5 and rec["tc"]["rate_bit"] == 5 * 10**8
+    # the hosts' header (written by host 0's rank) and the cluster record give the whole command
+    assert records[0]["command"] == rec["command"] == shlex.join(["commbench", *argv])
     hosts = rec["hosts"]
     assert [h["address"] for h in hosts] == ["198.18.0.100", "198.18.0.101", "198.18.0.102"]
     # the hosts share a hostname: the table's rank lines and the header tell them apart by address
@@ -882,8 +885,8 @@ def test_links_under_ipv6s_smallest_mtu_are_built():
 
 def test_the_hosts_records_name_the_clusters_command_line(tmp_path, monkeypatch):
     """The hosts' header and the cluster record gave the inner command alone (`commbench sweep
-    ...`): re-run from a report, it measured loopback, not the shaped links."""
-    import shlex
+    ...`): re-run from a report, it measured loopback, not the shaped links. (With real hosts:
+    test_three_hosts_bytes_per_host_match_the_cost_model.)"""
 
     monkeypatch.setattr(netns, "check_privileges", lambda: None)
     out = tmp_path / "r.jsonl"
@@ -905,7 +908,7 @@ def test_the_hosts_records_name_the_clusters_command_line(tmp_path, monkeypatch)
     seen = {}
 
     def run_hosts(config, argv, work):
-        seen["env"] = cluster.host_env({}, Topology(hosts=2, owner=1), 0, config.shaping, config.command)
+        seen["env"] = cluster.host_process_env(config, Topology(hosts=2, owner=1), 0, work)  # as run_hosts
         out.write_text(json.dumps({"type": "header"}) + "\n")
         return {0: (1000, 2000), 1: (2000, 1000)}
 

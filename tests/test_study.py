@@ -1144,7 +1144,7 @@ def test_a_hosts_cpu_share_over_too_few_steps_is_not_given():
 
     def run(steps: int) -> rp.Run:
         hosts = [{"rank": r, "tx_bytes": 1000, "cpu_user": 0.005, "cpu_system": 0.015} for r in (0, 1)]
-        epoch = {"strategy": "ring", "epoch": 1, "steps": steps, "hosts": hosts}
+        epoch = {"strategy": "ring", "epoch": 1, "steps": steps, "time_s": steps * 0.0077, "hosts": hosts}
         return rp.Run(
             path="r.jsonl",
             label="r",
@@ -1161,5 +1161,9 @@ def test_a_hosts_cpu_share_over_too_few_steps_is_not_given():
     assert cpu(run(3), summary) is None
     assert send(run(3), summary) == pytest.approx(1000 / 0.0077 / 1e6)
     assert cpu(run(100), summary) == pytest.approx(0.015 / 0.0077 * 100)  # 0.77 s of steps
+    # the epoch's own time, every step in it: 5 steps whose median is 60 ms, the first slow
+    slow_first = run(5)
+    slow_first.epochs[0]["time_s"] = 0.84
+    assert cpu(slow_first, {"strategy": "ring", "step_time_ms": 60.0}) == pytest.approx(0.015 / 0.06 * 100)
     text = rp.render_markdown(st._host_blocks([{"summary": summary, "run": run(3), "point": []}]))
     assert "| ring | 0 | - | 0.001 | - | 0.1 | - | - |" in text, text

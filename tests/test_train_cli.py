@@ -514,7 +514,7 @@ def test_a_loss_threshold_is_said_under_the_table_and_in_the_report(recorded_com
             and s["epochs_to_threshold"] == 1
             and took > 0
         )
-        said.append(f"loss below 100: {s['strategy']} in epoch 1, after {took:.3f} s of training")
+        said.append(f"loss below 100: {s['strategy']} in epoch 1, after {took:.4g} s of training")
     assert [line for line in recorded_compare.stdout.splitlines() if "loss below" in line] == [
         f"# {line}" for line in said
     ]
@@ -528,6 +528,9 @@ def test_a_loss_threshold_is_said_under_the_table_and_in_the_report(recorded_com
     }
     assert threshold_lines([missed]) == [f"loss below 1e-09: {missed['strategy']} not within its 2 epoch(s)"]
     assert threshold_lines([{**summaries[0], "loss_threshold": None}]) == []
+    exact = {**summaries[0], "loss_threshold": 2.3025851, "time_to_threshold_s": 0.00004}
+    assert threshold_lines([exact])[0].startswith("loss below 2.3025851: ")  # not 2.30259
+    assert threshold_lines([exact])[0].endswith("after 4e-05 s of training")  # not 0.000
 
 
 # 9 s (a subprocess and two ranks); the launch's own check now says this error first, and a
@@ -695,3 +698,21 @@ def test_a_weights_file_that_is_not_there_is_refused_before_any_rank_starts(tmp_
     assert main([*argv, "--world-size", "2", "--steps-per-epoch", "1", "-q"]) == 2
     err = capfd.readouterr().err
     assert err == f"commbench: error: alexnet weights: no file at {missing}\n", err
+
+
+def test_under_an_outer_launcher_a_missing_weights_file_is_left_to_the_ranks(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Under torchrun a node refusing before it joined left the other nodes waiting out --timeout,
+    then blaming the launcher's variables; its ranks fail in the group instead, as before."""
+    from commbench.bench import starter, train
+    from commbench.trainers.loop import TrainConfig
+
+    missing = str(tmp_path / "none.pt")
+    config = TrainConfig(
+        strategies=("ring",), model="alexnet", model_options=(("weights", missing), ("image_size", 64))
+    )
+    with pytest.raises(ValueError, match="alexnet weights: no file at"):
+        train.check_data(config, 2)
+    monkeypatch.setattr(starter, "launched_externally", lambda: True)
+    train.check_data(config, 2)  # nothing else here to refuse

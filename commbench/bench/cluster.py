@@ -341,6 +341,12 @@ def host_env(
     return env
 
 
+def host_process_env(config: ClusterConfig, topo: Topology, i: int, work: Path) -> dict[str, str]:
+    """The environment :func:`run_hosts` starts host ``i`` with: this process's, as :func:`host_env`
+    makes it a host's, with the cluster's command line and its scratch directory for TMPDIR."""
+    return {**host_env(dict(os.environ), topo, i, config.shaping, config.command), "TMPDIR": str(work)}
+
+
 def host_command(topo: Topology, i: int, argv: Sequence[str], join_timeout_s: float) -> list[str]:
     """How host ``i`` starts its node: torchrun inside its namespace, rendezvous at host 0."""
     return [
@@ -434,10 +440,7 @@ def run_hosts(config: ClusterConfig, argv: Sequence[str], work: Path) -> dict[in
                     procs.append(
                         subprocess.Popen(
                             ending_with_this_process(host_command(topo, i, argv, config.join_timeout_s)),
-                            env={
-                                **host_env(dict(os.environ), topo, i, config.shaping, config.command),
-                                "TMPDIR": str(work),
-                            },
+                            env=host_process_env(config, topo, i, work),
                             stdin=subprocess.DEVNULL,
                             stdout=None if i == 0 else log,
                             stderr=log,

@@ -156,11 +156,11 @@ def threshold_lines(summaries: Sequence[dict[str, Any]]) -> list[str]:
             continue
         epoch, took = s.get("epochs_to_threshold"), s.get("time_to_threshold_s")
         reached = (
-            f"in epoch {epoch}, after {took:.3f} s of training"
+            f"in epoch {epoch}, after {took:.4g} s of training"
             if epoch is not None and took is not None
             else f"not within its {s.get('epochs', '?')} epoch(s)"
         )
-        lines.append(f"loss below {threshold:g}: {s['strategy']} {reached}")
+        lines.append(f"loss below {threshold:.10g}: {s['strategy']} {reached}")  # as given, not to 6 digits
     return lines
 
 

@@ -952,9 +952,11 @@ MIN_CPU_WINDOW_S = 0.5
 
 
 def _cpu_countable(run: rp.Run, s: dict[str, Any]) -> bool:
+    """Whether the counted epoch's steps took MIN_CPU_WINDOW_S or more in all (its ``time_s``: every
+    step, the first too, where the summary's step time is a median that may leave it out)."""
     epoch = _last_counted(run, s["strategy"])
-    steps = epoch.get("steps") if epoch else None
-    return bool(steps and s["step_time_ms"]) and steps * s["step_time_ms"] / 1e3 >= MIN_CPU_WINDOW_S
+    took = epoch.get("time_s") if epoch else None
+    return isinstance(took, int | float) and took >= MIN_CPU_WINDOW_S
 
 
 def _host_rate(run: rp.Run, s: dict[str, Any], key: str, scale: float) -> float | None:

@@ -415,6 +415,7 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | N
     ``model_memory_refusal`` and ``input_memory_refusal``)."""
     import psutil
 
+    from commbench.bench.starter import launched_externally
     from commbench.trainers.data import DatasetConfig, build_dataset, split_size
     from commbench.trainers.loop import (
         index_memory_refusal,
@@ -427,7 +428,10 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | N
     )
 
     weights = dict(config.model_options).get("weights")
-    if weights is not None and not Path(weights).is_file():  # each rank found it missing: "rank 0 failed"
+    # Each rank found it missing ("rank 0 failed: ..."). Under torchrun or SLURM a node without the
+    # file is left to its ranks, which fail in the group: refused here, before the join, its ranks
+    # left the others waiting out --timeout for a group they would never fill.
+    if weights is not None and not launched_externally() and not Path(weights).is_file():
         raise ValueError(f"{config.model} weights: no file at {weights}")
     if config.dataset != "synthetic":
         # as the ranks build them: the training set at its --samples, and the held-out set they evaluate on
