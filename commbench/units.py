@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import operator
 import re
 
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def whole_number(value: object) -> int | None:
+    """``value`` as a Python int where it is an integer (NumPy's too), else None; a bool is not one."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 class AmbiguousSize(ValueError):

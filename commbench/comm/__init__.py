@@ -12,7 +12,6 @@ passes it on where it picks one.
 
 from __future__ import annotations
 
-import operator
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -23,7 +22,7 @@ import torch.distributed as dist
 from commbench.comm import builtin, naive, p2p, recursive, ring, tree, tuning
 from commbench.comm.ops import DTYPES, OPS, check_op, dtype_name
 from commbench.comm.workspace import Workspace, scratch
-from commbench.units import AmbiguousSize, parse_size
+from commbench.units import AmbiguousSize, parse_size, whole_number
 
 # The registry: adding an algorithm is one module and one line here.
 _IMPLS: dict[str, dict[str, Callable[..., None]]] = {
@@ -127,12 +126,10 @@ def _check_pair(output: torch.Tensor, input: torch.Tensor, factor: int, what: st
 
 def _check_root(name: str, root: int, world: int) -> int:
     """``root`` as a plain int rank of the group; raises on anything else (a bool, a float)."""
-    if isinstance(root, bool):
-        raise TypeError(f"{name} must be an integer rank, got {root!r}")
-    try:
-        rank = operator.index(root)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer rank, got {type(root).__name__} {root!r}") from None
+    rank = whole_number(root)
+    if rank is None:
+        kind = "" if isinstance(root, bool) else f"{type(root).__name__} "
+        raise TypeError(f"{name} must be an integer rank, got {kind}{root!r}")
     if not 0 <= rank < world:
         raise ValueError(f"{name} must be a rank in [0, {world}), got {rank}")
     return rank
@@ -220,10 +217,7 @@ def _check_segment_bytes(segment_bytes: int | None, algorithm: str) -> int | Non
     returned as a Python int."""
     if segment_bytes is None:
         return None
-    try:
-        whole = None if isinstance(segment_bytes, bool) else operator.index(segment_bytes)  # NumPy's too
-    except TypeError:
-        whole = None
+    whole = whole_number(segment_bytes)  # NumPy's too
     if whole is None or whole < 1:
         raise ValueError(f"segment_bytes must be a positive integer, got {segment_bytes!r}")
     if whole > MAX_SEGMENT_BYTES:  # ranks agree on it as an int64

@@ -10,7 +10,6 @@ is what the busiest link carries in sequence.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 from commbench.comm import tuning
@@ -30,6 +29,7 @@ from commbench.comm.chunking import (
 )
 from commbench.comm.pipeline import look_ahead
 from commbench.comm.ring import SEGMENT_BYTES, receive_slots
+from commbench.units import whole_number
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,12 +154,9 @@ def _ring_reduce(
 
 def _whole(name: str, value: object) -> None:
     """TypeError unless ``value`` is an integer (NumPy's too), not a bool."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    try:
-        operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+    if whole_number(value) is None:
+        kind = "" if isinstance(value, bool) else f"{type(value).__name__} "
+        raise TypeError(f"{name} must be an integer, got {kind}{value!r}")
 
 
 def _check_call(

@@ -4,7 +4,6 @@ device->device on CUDA, timed with CUDA events. GB/s counts each copied byte onc
 from __future__ import annotations
 
 import dataclasses
-import operator
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +11,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from commbench.kernels.events import timing_events
+from commbench.units import whole_number
 
 HOST_TO_HOST = "host->host"
 H2D_PINNED = "host->device pinned"
@@ -34,17 +34,9 @@ class CopyResult:
     limit_gbps: float | None
 
 
-def _whole(value: object) -> int | None:
-    """``value`` as a Python int where it is a whole number (NumPy's too), else None; a bool is not."""
-    try:
-        return None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
 def _check(size_bytes: int, iters: int, warmup: int) -> tuple[int, int, int]:
     """The three as Python ints, or ValueError naming the first that is not a whole number in range."""
-    size, rounds, first = _whole(size_bytes), _whole(iters), _whole(warmup)
+    size, rounds, first = whole_number(size_bytes), whole_number(iters), whole_number(warmup)
     if size is None or size < 1:
         raise ValueError(f"size_bytes must be a whole number >= 1, got {size_bytes!r}")
     if rounds is None or rounds < 1:
