@@ -12,6 +12,9 @@ from commbench.kernels import pack, unpack
 from commbench.trainers.bucketing import MiB, assign_buckets, grad_bytes_per_epoch, syncs_per_epoch
 from commbench.trainers.timing import overlap_length, union_length
 
+# the unpack checks on host and CUDA tensors (the addresses are compared on the host either way)
+DEVICES = pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+
 
 def test_buckets_follow_ddp_rule() -> None:
     # 4-byte elements: 1 MiB = 262144 elements. Registration order a, b, c, d; backward order d, c, b, a.
@@ -236,22 +239,23 @@ def test_any_iterable_is_packed_and_what_cannot_be_written_is_refused_before_a_c
         unpack([1.0], [torch.empty(1)])
 
 
-def test_tensors_unpacked_over_one_another_are_refused_before_a_copy() -> None:
+@DEVICES
+def test_tensors_unpacked_over_one_another_are_refused_before_a_copy(device) -> None:
     """Only expanded tensors were refused: two tensors over the same memory (z[0:2], z[1:3]; one
     tensor twice) or one whose strides put elements over each other (as_strided((2, 2), (1, 1)))
     took the later copy without a word ([0, 2, 3] for [0, 1] and [2, 3])."""
-    flat = torch.arange(4.0)
-    z = torch.zeros(4)
+    flat = torch.arange(4.0, device=device)
+    z = torch.zeros(4, device=device)
     for into, i in (
         ([z[0:2], z[1:3]], 1),
         ([z[2:4], z[:2], z[1:3]], 2),
-        ([torch.zeros(2), z[:2], z[:2]], 2),
+        ([torch.zeros(2, device=device), z[:2], z[:2]], 2),
         ([z.as_strided((2, 2), (1, 1))], 0),
-        ([torch.zeros(1), z[:3].as_strided((3,), (1,)), z[2:3]], 2),
+        ([torch.zeros(1, device=device), z[:3].as_strided((3,), (1,)), z[2:3]], 2),
         ([z[0::2], z[1:2], z[2:3]], 2),  # over the first, which the second lies inside of too
     ):
         with pytest.raises(ValueError, match=f"tensor {i} has elements over one another or over an earlier"):
-            unpack(torch.arange(float(sum(t.numel() for t in into))), into)
+            unpack(torch.arange(float(sum(t.numel() for t in into)), device=device), into)
         assert z.tolist() == [0.0, 0.0, 0.0, 0.0]
     # apart, though their address ranges cross or their strides interleave: copied
     for into, values in (
@@ -261,27 +265,28 @@ def test_tensors_unpacked_over_one_another_are_refused_before_a_copy() -> None:
     ):
         unpack(flat, into)
         assert z.tolist() == values
-    wide = torch.zeros(8)
-    unpack(torch.arange(6.0), [wide.as_strided((3, 2), (2, 3))])  # offsets 0 3 2 5 4 7: apart
+    wide = torch.zeros(8, device=device)
+    unpack(torch.arange(6.0, device=device), [wide.as_strided((3, 2), (2, 3))])  # offsets 0 3 2 5 4 7: apart
     assert wide.tolist() == [0.0, 0.0, 2.0, 1.0, 4.0, 3.0, 0.0, 5.0]
 
 
-def test_a_view_that_autograd_would_record_the_copy_in_is_refused_before_a_copy() -> None:
+@DEVICES
+def test_a_view_that_autograd_would_record_the_copy_in_is_refused_before_a_copy(device) -> None:
     """A view by unbind of a tensor that requires grad passed the checks and raised from inside
     copy_ after the tensors before it had been written; under no_grad it is written."""
-    grown = torch.randn(4, requires_grad=True) * 1  # not a leaf
-    first = torch.zeros(2)
+    grown = torch.randn(4, device=device, requires_grad=True) * 1  # not a leaf
+    first = torch.zeros(2, device=device)
     for last, needle in (
         (grown.unbind(0)[0].view(1), "tensor 1 is a tensor that requires grad, or a view of one"),
         (grown[:1], "tensor 1 is a tensor that requires grad, or a view of one"),
         (grown.detach().requires_grad_()[:1] * 1, "tensor 1 is a tensor that requires grad;"),
     ):
         with pytest.raises(ValueError, match=needle):
-            unpack(torch.arange(3.0), [first, last])
+            unpack(torch.arange(3.0, device=device), [first, last])
         assert first.tolist() == [0.0, 0.0]
     with torch.no_grad():
         part = grown.unbind(0)[3].view(1)
-        unpack(torch.arange(3.0), [first, part])
+        unpack(torch.arange(3.0, device=device), [first, part])
     assert first.tolist() == [0.0, 1.0] and grown[3].item() == 2.0
 
 

@@ -304,3 +304,119 @@ def test_gloos_traffic_with_cuda_tensors_is_counted_on_the_wire(tmp_path):
     out = subprocess.run([*run, *argv], capture_output=True, text=True, cwd=ROOT, timeout=200)
     assert out.returncode == 0 and "wire bytes off" not in out.stdout, out.stdout + out.stderr
     _judged([r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == "epoch"], "compare")
+
+
+SYNCS = ("naive", "ring", "bucketed")
+
+
+def _syncs_on_cuda() -> dict[str, object]:
+    """The gradient syncs as a library with CUDA models (tests/train_cases.run_sync_case): each
+    one's wrap from a seed per rank, two backwards against DDP's, and bucketed's mismatches."""
+    from tests.train_cases import run_sync_case
+
+    results: dict[str, object] = {}
+    for sync in SYNCS:
+        results[f"{sync}/start"] = run_sync_case({"sync": sync, "kind": "start", "device": "cuda"})
+        case = {"sync": sync, "kind": "accumulate", "each": True, "device": "cuda"}
+        results[f"{sync}/accumulate"] = run_sync_case(case)
+    lone = {"sync": "bucketed", "kind": "accumulate", "each": False, "device": "cuda"}
+    results["bucketed/accumulate-once"] = run_sync_case(lone)
+    for how in ("wider", "transposed", "dtype"):
+        case = {"sync": "bucketed", "kind": "mismatch", "how": how, "device": "cuda"}
+        results[f"bucketed/mismatch-{how}"] = run_sync_case(case)
+    return results
+
+
+def test_the_hand_written_syncs_with_cuda_models_match_ddp_at_two_ranks():
+    """gloo with CUDA models at 2 ranks: wrap gives rank 1, built from another seed, rank 0's
+    parameters (a broadcast of CUDA tensors, the layout's hash compared on the host); two
+    backwards before one sync leave DDP's gradients; bucketed refuses a second backward without
+    before_backward, and models that differ, on each rank."""
+    import torch
+
+    results = run(_syncs_on_cuda, (), LaunchSpec(world_size=2, device="cuda", backend="gloo"))
+    torch.manual_seed(100)
+    built = list(
+        torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3)).parameters()
+    )
+    for sync in SYNCS:
+        first, second = results[0][f"{sync}/start"], results[1][f"{sync}/start"]
+        for mine, zero, own in zip(second, first, built, strict=True):
+            assert torch.equal(mine, zero) and torch.equal(zero, own.detach()), sync
+        for rank in (0, 1):
+            diff = results[rank][f"{sync}/accumulate"]
+            assert isinstance(diff, float) and diff < 1e-5, (sync, rank, diff)
+    for rank in (0, 1):
+        text = results[rank]["bucketed/accumulate-once"]
+        assert "got a second gradient before after_backward" in str(text), text
+        for how in ("wider", "transposed", "dtype"):
+            text = results[rank][f"bucketed/mismatch-{how}"]
+            assert str(text).startswith("the ranks' models differ"), (how, text)
+
+
+def _start_alike_on_one_nccl_rank() -> dict[str, object]:
+    """start_alike's own path on NCCL (its hash goes to the GPU; wrap skips it at one rank), on a
+    model with BatchNorm buffers, then each sync's two backwards against DDP's."""
+    import torch
+
+    from commbench.trainers import sync
+    from tests.train_cases import run_sync_case
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5)).cuda()
+    model(torch.randn(4, 6, device="cuda"))  # running statistics away from their start
+    before = [t.detach().clone() for t in [*model.parameters(), *model.buffers()]]
+    sync.start_alike(model)
+    sync.broadcast_buffers(model)
+    after = [*model.parameters(), *model.buffers()]
+    results: dict[str, object] = {
+        "kept": all(torch.equal(a, b) for a, b in zip(before, after, strict=True)),
+        "backend": torch.distributed.get_backend(),
+    }
+    for name in SYNCS:
+        case = {"sync": name, "kind": "accumulate", "each": True, "device": "cuda"}
+        results[name] = run_sync_case(case)
+    return results
+
+
+def test_start_alike_and_the_syncs_on_one_nccl_rank():
+    (result,) = run(_start_alike_on_one_nccl_rank, (), LaunchSpec(world_size=1, device="cuda")).values()
+    assert result["backend"] == "nccl" and result["kept"] is True, result
+    for name in SYNCS:
+        assert isinstance(result[name], float) and result[name] < 1e-5, (name, result[name])
+
+
+def _train_on_cuda(case: dict) -> object:
+    from tests.train_cases import run_train_case
+
+    return run_train_case({**case, "device": "cuda"})
+
+
+def test_every_strategy_trains_a_model_with_batchnorm_on_cuda_as_ddp():
+    """vgg11 (eight BatchNorm2d) on CUDA, gloo at 2 ranks, three steps: each hand-written
+    strategy's parameters and buffers against DDP's. The bound is looser than the CPU's 1e-6
+    (cuDNN's backward may add in another order); a missing average or buffer broadcast is off
+    by 1e-3 or more."""
+    config = dict(
+        strategies=("naive", "ring", "bucketed", "ddp"),
+        model="vgg11",
+        model_options=(("input_shape", (3, 8, 8)),),
+        samples=64,
+        batch_size=8,
+        steps_per_epoch=3,
+        epochs=1,
+        lr=0.05,
+        bucket_cap_mb=8.0,
+        first_bucket_mb=1.0,
+        evaluate=True,
+    )
+    results = run(
+        _train_on_cuda,
+        ({"config": config, "diff_against": "ddp"},),
+        LaunchSpec(world_size=2, device="cuda", backend="gloo"),
+    )
+    for rank, r in results.items():
+        assert r["buffer_count"] == 3 * 8, r["buffer_count"]
+        for s in ("naive", "ring", "bucketed"):
+            assert r["param_diff"][s] < 1e-4, (s, rank, r["param_diff"])
+            assert r["buffer_diff"][s] < 1e-4, (s, rank, r["buffer_diff"])

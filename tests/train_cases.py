@@ -25,20 +25,22 @@ def run_train_case(case: dict[str, Any]) -> Any:
     """Train ``case['config']``; return the initial parameters, each strategy's final parameters
     and buffers, the epoch records and the summaries. With ``case['diff_against']`` naming a
     strategy, each strategy's largest parameter and buffer difference from it replaces the
-    tensors (a large model's would not fit through the store)."""
+    tensors (a large model's would not fit through the store). ``case['device']`` ("cpu" unless
+    given) is where each rank trains; tensors come back on the host."""
     if "sync" in case:
         return run_sync_case(case)
     config = TrainConfig(**case["config"])
+    device = torch.device(case.get("device", "cpu"))
     final: dict[str, list[torch.Tensor]] = {}
     buffers: dict[str, list[torch.Tensor]] = {}
     epochs: list[dict[str, Any]] = []
 
     def keep(trainers: list[Trainer]) -> None:
         for tr in trainers:
-            final[tr.strategy] = [p.detach().clone() for p in tr.base.parameters()]
-            buffers[tr.strategy] = [b.detach().clone() for b in tr.base.buffers()]
+            final[tr.strategy] = [p.detach().to("cpu", copy=True) for p in tr.base.parameters()]
+            buffers[tr.strategy] = [b.detach().to("cpu", copy=True) for b in tr.base.buffers()]
 
-    summaries = run_rank(config, torch.device("cpu"), lambda r: epochs.append(r.__dict__), None, keep)
+    summaries = run_rank(config, device, lambda r: epochs.append(r.__dict__), None, keep)
     summaries = [s.__dict__ for s in summaries]
     ref = case.get("diff_against")
     if ref is not None:
@@ -82,6 +84,7 @@ def run_sync_case(case: dict[str, Any]) -> Any:
     - "start": each rank builds its model from a seed of its own; returns its parameters after wrap.
     - "mismatch": rank 1's model differs from rank 0's (``case['how']``: "wider", "transposed"
       (as many elements, another shape), "dtype"); returns the error's text.
+    The models, batches and the sync's clock are on ``case['device']`` ("cpu" unless given).
     """
     import torch.distributed as dist
 
@@ -89,31 +92,33 @@ def run_sync_case(case: dict[str, Any]) -> Any:
     from commbench.trainers.timing import Clock
 
     rank = dist.get_rank()
-    sync = make_sync(case["sync"], Clock(torch.device("cpu")), cap_bytes=64, first_cap_bytes=32)
+    device = torch.device(case.get("device", "cpu"))
+    sync = make_sync(case["sync"], Clock(device), cap_bytes=64, first_cap_bytes=32)
     try:
         if case["kind"] == "start":
             torch.manual_seed(100 + rank)
-            model = _net()
+            model = _net().to(device)
             sync.wrap(model)
-            return [p.detach().clone() for p in model.parameters()]
+            return [p.detach().to("cpu", copy=True) for p in model.parameters()]
         if case["kind"] == "mismatch":
             model = {
                 "wider": lambda: _net(5 + rank),  # sizes differ
                 "transposed": lambda: _Shaped((6, 6) if rank == 0 else (4, 9)),  # 36 elements either way
                 "dtype": lambda: _net().to(torch.float64 if rank == 1 else torch.float32),
-            }[case["how"]]()
+            }[case["how"]]().to(device)
             try:
                 sync.wrap(model)
             except ValueError as exc:
                 return str(exc)
             return "wrapped"
         torch.manual_seed(0)
-        model, reference = _net(), _net()
+        model, reference = _net().to(device), _net().to(device)
         reference.load_state_dict(model.state_dict())
         ddp = torch.nn.parallel.DistributedDataParallel(reference)
         module = sync.wrap(model)
         batches = [
-            torch.randn(8, 6, generator=torch.Generator().manual_seed(10 * rank + m)) for m in range(2)
+            torch.randn(8, 6, generator=torch.Generator().manual_seed(10 * rank + m)).to(device)
+            for m in range(2)
         ]
         for x in batches:
             ddp(x).square().sum().backward()
