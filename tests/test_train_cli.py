@@ -716,3 +716,51 @@ def test_under_an_outer_launcher_a_missing_weights_file_is_left_to_the_ranks(
         train.check_data(config, 2)
     monkeypatch.setattr(starter, "launched_externally", lambda: True)
     train.check_data(config, 2)  # nothing else here to refuse
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["table", "quiet"])
+def test_a_run_stopped_mid_way_prints_the_epochs_it_finished(tmp_path, monkeypatch, capsys, quiet) -> None:
+    """A train or compare stopped before its summary printed nothing on standard output, and without
+    --json its finished epochs were nowhere: rank 0 now prints them (the report's columns) as the
+    stop passes, unless -q; the stop goes on (here a SystemExit after the second epoch, as a
+    rank's stop signal raises)."""
+    import torch.distributed as dist
+
+    from commbench.bench import train
+    from commbench.bench.cli import build_parser
+    from commbench.trainers import loop
+
+    real = loop.run_rank
+    seen = []
+
+    def stopped_after_two(config, device, emit, *args, **kwargs):
+        def emit_then_stop(record):
+            emit(record)
+            seen.append(dataclasses.asdict(record))
+            if len(seen) == 2:
+                raise SystemExit(130)
+
+        return real(config, device, emit_then_stop, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "run_rank", stopped_after_two)
+    args = build_parser().parse_args(
+        ["train", "--model", "mlp", "--samples", "64", "--batch-size", "16", "--steps-per-epoch", "2",
+         "--epochs", "4", "--no-probe", *(["-q"] if quiet else [])]
+    )  # fmt: skip
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(SystemExit):
+            train._train_rank(train.train_config(args), "cpu")
+    finally:
+        dist.destroy_process_group()
+    out = capsys.readouterr().out
+    if quiet:
+        assert out == ""
+        return
+    head, columns, *rows = out.splitlines()
+    assert head.startswith("# stopped before its last epoch, so there is no step-time table")
+    assert columns.split() == ["strategy", "epoch", "steps", "time", "(s)", "images/s", "loss", "eval",
+                               "loss", "accuracy"]  # fmt: skip
+    assert [r.split()[:3] for r in rows] == [["ddp", "1", "2"], ["ddp", "2", "2"]]
+    for row, epoch in zip(rows, seen, strict=True):
+        assert row.split()[5:7] == [f"{epoch['loss']:.4f}", f"{epoch['eval_loss']:.4f}"]

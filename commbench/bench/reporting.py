@@ -734,6 +734,19 @@ SUMMARY_COLUMNS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = 
 )
 
 
+# An epoch record's columns, in the report and in the table a stopped train or compare prints.
+EPOCH_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("strategy", lambda e: str(e["strategy"])),
+    ("epoch", lambda e: str(e["epoch"])),
+    ("steps", lambda e: str(e.get("steps", "-"))),
+    ("time (s)", lambda e: fmt(e.get("time_s"), ".3f")),
+    ("images/s", lambda e: fmt(e.get("images_per_s"), ".0f")),
+    ("loss", lambda e: fmt(e.get("loss"), ".4f")),
+    ("eval loss", lambda e: fmt(e.get("eval_loss"), ".4f")),
+    ("accuracy", lambda e: pct(e.get("accuracy"), 1)),
+)
+
+
 def training_section(run: Run, plots: _Plots) -> list[Block]:
     """The compare table, per-epoch times, and the breakdown, loss and throughput plots. A run
     stopped before its end has epochs but no summary (written last): its epochs and loss curve."""
@@ -779,22 +792,7 @@ def training_section(run: Run, plots: _Plots) -> list[Block]:
         ]
     if run.epochs:
         blocks.append(
-            table(
-                ["strategy", "epoch", "steps", "time (s)", "images/s", "loss", "eval loss", "accuracy"],
-                [
-                    [
-                        e["strategy"],
-                        str(e["epoch"]),
-                        str(e.get("steps", "-")),
-                        fmt(e.get("time_s"), ".3f"),
-                        fmt(e.get("images_per_s"), ".0f"),
-                        fmt(e.get("loss"), ".4f"),
-                        fmt(e.get("eval_loss"), ".4f"),
-                        pct(e.get("accuracy"), 1),
-                    ]
-                    for e in run.epochs
-                ],
-            )
+            table([c[0] for c in EPOCH_COLUMNS], [[c[1](e) for c in EPOCH_COLUMNS] for e in run.epochs])
         )
     epochs, summaries = list(run.epochs), list(run.summaries)
     if not summaries:

@@ -7,6 +7,7 @@ starts the ranks, and on rank 0 writes records, prints the table and draws the p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import shlex
@@ -228,6 +229,20 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def finished_epochs_table(epochs: list[dict[str, Any]]) -> str:
+    """What a train or compare that stopped before its summary prints: a line saying so, then its
+    finished epochs (the report's columns), one row each."""
+    from commbench.bench.reporting import EPOCH_COLUMNS
+
+    rows = [[c[0] for c in EPOCH_COLUMNS]] + [[c[1](e) for c in EPOCH_COLUMNS] for e in epochs]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(EPOCH_COLUMNS))]
+    lines = [" ".join(f"{cell:>{w}}" for cell, w in zip(row, widths, strict=True)) for row in rows]
+    return (
+        "# stopped before its last epoch, so there is no step-time table; the epochs "
+        "it finished:\n" + "\n".join(lines)
+    )
+
+
 def _title(config: Any, first: dict[str, Any], name: str = "train", places: Any = None) -> str:
     """The table's title: what trained, on what (each rank's place where ``places`` gives them),
     and how the columns were measured."""
@@ -260,6 +275,8 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
     bar = None
     probe = None
     probe_record = None
+    epochs: list[Any] = []
+    finished = False
     try:
         nic = None
         if config.probe:  # every rank: the interface is chosen knowing where the others run
@@ -281,7 +298,6 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
                 bar = tqdm(
                     file=sys.stderr, unit="step", leave=False, delay=2.0, disable=not sys.stderr.isatty()
                 )
-        epochs: list[Any] = []
 
         def emit(record: Any) -> None:
             if rank0:
@@ -291,6 +307,7 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
                     probe.mark(f"{record.strategy} epoch {record.epoch}")
 
         summaries = run_rank(config, dev, emit, bar, nic=nic)
+        finished = True
         for s in summaries:
             writer.write(s)
     finally:
@@ -303,6 +320,12 @@ def _train_rank(config: Any, device: str, command: str | None = None, name: str 
                     writer.write(probe_record)
         finally:
             writer.close()
+            if not finished and epochs and not config.quiet:
+                # stopped or failed mid-run: without --json the finished epochs were nowhere else
+                from commbench.bench.records import say
+
+                with contextlib.suppress(OSError):  # the exception under way is the one to report
+                    say(finished_epochs_table(epochs))
     rows = [dataclasses.asdict(s) for s in summaries]
     if rank0 and not config.quiet:
         from commbench.bench.probing import overhead_line
