@@ -1675,6 +1675,12 @@ def test_a_sweep_whose_buffers_exceed_the_memory_is_refused_before_any_rank(tmp_
     # every emulated host of a cluster is a rank in this machine's memory (refused before it is built)
     assert main(["cluster", "--hosts", "4", "--", "sweep", "-e", "1M", "-a", "builtin,ring"]) == 2
     assert "over 4 rank(s) on this host" in capsys.readouterr().err
+    # under torchrun the host's refusal waits for the join, where every rank says it
+    monkeypatch.setattr(launch, "launched_externally", lambda: True)
+    monkeypatch.setattr(launch, "local_ranks", lambda: 4)
+    cli.check_sweep(config, launch.LaunchSpec(world_size=4))
+    assert "over 4 rank(s) on this host" in launch._node_refusal
+    monkeypatch.setattr(launch, "_node_refusal", None)
 
 
 @pytest.mark.parametrize(

@@ -1039,7 +1039,11 @@ def test_ranks_of_torchrun_started_with_other_options_each_refuse_naming_the_fir
         monkeypatch.setattr(dist, "get_world_size", lambda: len(configs))
         monkeypatch.setattr(dist, "get_rank", lambda: 0)
         works = [launch.work_of((c, "cpu", None, "commbench ...")) for c in configs]
-        monkeypatch.setattr(dist, "all_gather_object", lambda out, mine: out.__setitem__(slice(None), works))
+        monkeypatch.setattr(
+            dist,
+            "all_gather_object",
+            lambda out, mine: out.__setitem__(slice(None), [(w, None) for w in works]),
+        )
         check_same_work((configs[0], "cpu", None, "commbench ..."))
 
     sweep = SweepConfig(max_bytes=1 << 16, json_path="a.jsonl")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -700,22 +702,79 @@ def test_a_weights_file_that_is_not_there_is_refused_before_any_rank_starts(tmp_
     assert err == f"commbench: error: alexnet weights: no file at {missing}\n", err
 
 
-def test_under_an_outer_launcher_a_missing_weights_file_is_left_to_the_ranks(
+def test_under_an_outer_launcher_a_nodes_refusal_is_said_by_every_rank_once_joined(
     tmp_path: Path, monkeypatch
 ) -> None:
     """Under torchrun a node refusing before it joined left the other nodes waiting out --timeout,
-    then blaming the launcher's variables; its ranks fail in the group instead, as before."""
-    from commbench.bench import starter, train
+    then blaming the launcher's variables. Its refusal is kept until the group is joined, then
+    every rank raises it, naming the rank (one rank here; two nodes in the slow test below)."""
+    import torch.distributed as dist
+
+    from commbench.bench import launch, train
     from commbench.trainers.loop import TrainConfig
 
     missing = str(tmp_path / "none.pt")
     config = TrainConfig(
         strategies=("ring",), model="alexnet", model_options=(("weights", missing), ("image_size", 64))
     )
-    with pytest.raises(ValueError, match="alexnet weights: no file at"):
+    with pytest.raises(ValueError, match="alexnet weights: no file at"), launch.node_checks():
         train.check_data(config, 2)
-    monkeypatch.setattr(starter, "launched_externally", lambda: True)
-    train.check_data(config, 2)  # nothing else here to refuse
+    monkeypatch.setattr(launch, "launched_externally", lambda: True)
+    with launch.node_checks():
+        train.check_data(config, 2)  # kept
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError) as refused:
+            launch.check_same_work((config,))
+        launch.check_same_work((config,))  # said once
+    finally:
+        dist.destroy_process_group()
+    assert str(refused.value) == (
+        f"alexnet weights: no file at {missing} (on rank 0; every node needs what its ranks read)"
+    )
+
+
+@pytest.mark.slow
+def test_a_node_without_the_data_ends_every_nodes_run_at_once(tmp_path: Path) -> None:
+    """Two ranks as two nodes see them, the MNIST files on the first alone: both end in seconds
+    with the refusal as bad input (one line, exit code 2), naming the rank whose node lacks them,
+    where the first waited out the --timeout (60 s here) for a rank that had refused before
+    joining."""
+    from tests.test_data import write_mnist
+    from tests.world import free_port
+
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for node in nodes:
+        node.mkdir()
+    write_mnist(nodes[0] / "data", n_train=40)
+    (nodes[1] / "data").mkdir()
+    argv = ["train", "--strategy", "ring", "--dataset", "mnist", "--data-dir", "data", "--batch-size",
+            "4", "--steps-per-epoch", "1", "-q", "--no-probe", "--timeout", "60"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(free_port())
+    started = time.monotonic()
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "commbench", *argv],
+            cwd=node,
+            env={**env, "RANK": str(rank), "LOCAL_RANK": "0"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, node in enumerate(nodes)
+    ]
+    try:
+        errors = [rank.communicate(timeout=120)[1] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert time.monotonic() - started < 45, errors
+    assert [rank.returncode for rank in ranks] == [2, 2], errors
+    for err in errors:
+        assert err.startswith("commbench: error: expected data/MNIST/raw/train-images-idx3-ubyte"), err
+        assert err.count("\n") == 1, err
+        assert err.endswith("(on rank 1; every node needs what its ranks read)\n"), err
 
 
 @pytest.mark.parametrize("quiet", [False, True], ids=["table", "quiet"])

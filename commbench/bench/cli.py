@@ -387,7 +387,10 @@ def check_sweep(config: Any, spec: Any, local: int | None = None) -> None:
     if SPECS[config.collective].has_root and config.root >= spec.world_size:
         raise ValueError(f"root {config.root} is not a rank of a world of {spec.world_size}")
     _check_some_size_fits(config, spec.world_size)
-    check_sweep_memory(config, spec, local)
+    from commbench.bench import launch
+
+    with launch.node_checks():  # this host's memory: under torchrun, said by every rank once joined
+        check_sweep_memory(config, spec, local)
 
 
 def _check_some_size_fits(config: Any, world: int) -> None:

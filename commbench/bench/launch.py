@@ -44,6 +44,7 @@ ORPHAN_GRACE_S = 30.0  # see _stop_when_gone; the agent's own grace before it ki
 AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 _stopping = False  # this rank is being stopped by a signal
 _joined = False  # this rank has joined its group and made its connections
+_node_refusal: str | None = None  # kept by node_checks, said on every rank by check_same_work
 
 
 Interrupted = signals.Interrupted  # defined beside the handlers, where code without torch can catch it
@@ -282,14 +283,40 @@ def work_of(args: tuple) -> dict[str, Any]:
     return work
 
 
+@contextlib.contextmanager
+def node_checks() -> Iterator[None]:
+    """The block checks what this node holds (data files, a weights file, memory) before the ranks
+    start. Under commbench's own launcher its ValueError goes on at once; under torchrun or SLURM
+    it is kept, the rank joins its group, and :func:`check_same_work` raises it on every rank: a
+    node whose ranks refused before joining left the others waiting out --timeout for a group
+    they would never fill, and said nothing of why."""
+    global _node_refusal
+    if not launched_externally():
+        yield
+        return
+    try:
+        yield
+    except ValueError as exc:
+        _node_refusal = str(exc)
+
+
 def check_same_work(args: tuple) -> None:
-    """ValueError on every rank where the ranks of torchrun's or SLURM's were started with other
+    """ValueError on every rank where a rank's node refused its input (:func:`node_checks`), naming
+    the first such rank, or where the ranks of torchrun's or SLURM's were started with other
     options, naming the first that differs. Each node parses its own command line: with another -e
     or --strategy on one node, the ranks sent messages of other sizes or to other peers, and rank 0
     finished a sweep of its own sizes while rank 1 failed in gloo, or a rank aborted in C++."""
+    global _node_refusal
     mine = work_of(args)
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
+    refusal, _node_refusal = _node_refusal, None
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (mine, refusal))
+    refused = [(rank, text) for rank, (_, text) in enumerate(gathered) if text is not None]
+    if refused:
+        rank, text = refused[0]
+        more = f" and {len(refused) - 1} other rank(s)" if len(refused) > 1 else ""
+        raise ValueError(f"{text} (on rank {rank}{more}; every node needs what its ranks read)")
+    everyone = [work for work, _ in gathered]
     for rank, theirs in enumerate(everyone):
         if theirs == mine:
             continue

@@ -418,12 +418,13 @@ def cmd_train(config: Any, spec: Any, command: str | None = None, name: str = "t
         writes=launch.writes_outputs(),
     )
     external = launched_externally()
-    check_data(
-        config,
-        launch.local_ranks() if external else spec.world_size,
-        spec.device,
-        world=launch.external_world_size() if external else spec.world_size,
-    )
+    with launch.node_checks():
+        check_data(
+            config,
+            launch.local_ranks() if external else spec.world_size,
+            spec.device,
+            world=launch.external_world_size() if external else spec.world_size,
+        )
     launch.run(_train_rank, (config, spec.device, command, name), spec)
     return 0
 
@@ -438,7 +439,6 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | N
     ``model_memory_refusal`` and ``input_memory_refusal``)."""
     import psutil
 
-    from commbench.bench.starter import launched_externally
     from commbench.trainers.data import DatasetConfig, build_dataset, split_size
     from commbench.trainers.loop import (
         index_memory_refusal,
@@ -451,10 +451,9 @@ def check_data(config: Any, ranks_here: int, device: str = "cpu", world: int | N
     )
 
     weights = dict(config.model_options).get("weights")
-    # Each rank found it missing ("rank 0 failed: ..."). Under torchrun or SLURM a node without the
-    # file is left to its ranks, which fail in the group: refused here, before the join, its ranks
-    # left the others waiting out --timeout for a group they would never fill.
-    if weights is not None and not launched_externally() and not Path(weights).is_file():
+    # Each rank found it missing ("rank 0 failed: ..."); under torchrun or SLURM, launch.node_checks
+    # holds the refusal until the ranks have joined, then every rank says it
+    if weights is not None and not Path(weights).is_file():
         raise ValueError(f"{config.model} weights: no file at {weights}")
     if config.dataset != "synthetic":
         # as the ranks build them: the training set at its --samples, and the held-out set they evaluate on
