@@ -7,6 +7,7 @@ and exit code of an interrupted run, not a traceback.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -15,6 +16,13 @@ INTERRUPTED = "commbench: interrupted"
 
 def run(argv: list[str] | None = None) -> int:
     """Import the CLI and run it; returns the exit code."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:  # torch's import, the fork server and relative paths each failed on it
+        print(
+            "commbench: error: the working directory no longer exists; cd to one that does", file=sys.stderr
+        )
+        return 2
     from commbench.bench import openmp
 
     try:

@@ -1956,3 +1956,23 @@ def test_every_option_with_a_default_names_it_in_its_help():
         and "default" not in (action.help or "")
     ]
     assert silent == []
+
+
+def test_a_working_directory_deleted_before_the_start_is_one_line(tmp_path):
+    """A sweep printed a traceback from the fork server's os.getcwd(), and --help torch's
+    'oneMKL FATAL ERROR: Cannot load libtorch_cpu.so'."""
+    gone = tmp_path / "gone"
+    for argv in (["sweep", "--world-size", "2", "-e", "8K", "-q"], ["--help"]):
+        gone.mkdir()
+        script = (
+            f'cd {shlex.quote(str(gone))} && rmdir {shlex.quote(str(gone))} && exec "$0" -m commbench "$@"'
+        )
+        out = subprocess.run(
+            ["sh", "-c", script, sys.executable, *argv],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=60,
+        )
+        assert (out.returncode, out.stdout) == (2, ""), out.stderr
+        assert out.stderr == "commbench: error: the working directory no longer exists; cd to one that does\n"
