@@ -462,3 +462,24 @@ def test_a_stop_while_the_profiles_are_written_keeps_the_summary(tmp_path, monke
     summary = json.loads((out / "summary.json").read_text())
     assert summary["returncode"] == 0 and summary["stopped_by"] is None  # the run had ended first
     assert (out / "rank0-pid1.speedscope.json").exists()
+
+
+def test_an_inner_command_that_refuses_removes_only_an_empty_directory(tmp_path, monkeypatch):
+    """Two profiles into one directory that neither found: the one whose command refused its
+    input removed the directory whole, with the other's rank logs and profiles in it."""
+    monkeypatch.setattr(profile, "check_py_spy", lambda tool: None)
+    out = tmp_path / "a" / "prof"
+    for other in (False, True):
+
+        def refused(config, py_spy, stop, other=other):
+            if other:  # what the profile beside it wrote meanwhile
+                (out / "rank0-pid1.txt").write_text("other")
+            return profile.BAD_INPUT, {}
+
+        monkeypatch.setattr(profile, "profile_command", refused)
+        config = profile.ProfileConfig(inner=("sweep",), out_dir=str(out))
+        assert profile.run_profile(config, py_spy="py-spy") == (profile.BAD_INPUT, [], None)
+        if other:
+            assert (out / "rank0-pid1.txt").read_text() == "other"
+        else:
+            assert not (tmp_path / "a").exists()  # made by this run, parents too, and empty

@@ -356,13 +356,12 @@ def _first_missing(path: Path) -> Path | None:
     return missing
 
 
-def _remove_made(out: Path, top: Path | None, whole: bool) -> None:
-    """Remove ``out`` (with what it holds where ``whole``, else only if empty) and the parents made
-    for it, up to ``top`` (:func:`_first_missing` before it was made); nothing when ``top`` is None."""
+def _remove_made(out: Path, top: Path | None) -> None:
+    """Remove ``out`` if it is empty, and the parents made for it, up to ``top`` (:func:`_first_missing`
+    before it was made); nothing when ``top`` is None. What is in it is another run's: two profiles
+    that found the directory missing both take it for their own."""
     if top is None:
         return
-    if whole:
-        shutil.rmtree(out, ignore_errors=True)
     made = [out, *out.parents]
     for p in made[: made.index(top) + 1]:
         with contextlib.suppress(OSError):  # not empty: something else is in it now
@@ -562,13 +561,13 @@ def run_profile(
         try:
             check_py_spy(py_spy)
         except ValueError:
-            _remove_made(out, made, whole=False)  # a run that cannot profile leaves no empty directory
+            _remove_made(out, made)  # a run that cannot profile leaves no empty directory
             if stop:  # stopped while checking: an interruption, not a py-spy that cannot attach
                 raise signals.Interrupted(stop[0]) from None
             raise
         assert py_spy is not None
         if stop:  # before the run began: nothing to keep
-            _remove_made(out, made, whole=False)
+            _remove_made(out, made)
             raise signals.Interrupted(stop[0])
         code, recorders = profile_command(config, py_spy, stop)
         if code < 0:  # killed by a signal: said, and the shell's code for it (-9 was exit 247)
@@ -579,8 +578,10 @@ def run_profile(
             print(f"commbench: profile: the command was killed by {name}", file=sys.stderr, flush=True)
             code = 128 - code
         if code == BAD_INPUT and not recorders and not stop:
-            # The inner command refused its input, in its own one line, before starting a rank.
-            _remove_made(out, made, whole=True)
+            # The inner command refused its input, in its own one line, before starting a rank, and
+            # no recorder wrote here: a directory this run made is removed if still empty (a profile
+            # beside it that found it missing too may have written into it since).
+            _remove_made(out, made)
             return code, [], None
         # Still held: a stop now waits for the profiles and summary.json of a run that has ended.
         profiles = _write_up(config, code, recorders, stop[0] if stop else None)
