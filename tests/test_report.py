@@ -603,3 +603,42 @@ def test_a_write_to_a_pipe_is_not_held_from_a_stop(tmp_path):
         os.close(w)
         os.close(r)
     assert (tmp_path / "r.csv").read_text() == ""  # ended between the two, as a stop on a pipe must
+
+
+def test_a_records_file_another_run_is_writing_is_refused_and_left_whole(tmp_path, capsys):
+    """Two runs given one --json (two `commbench demo`s in one directory) each truncated it and
+    wrote at its own offset: lines of the two spliced, both runs ending with exit code 0. The
+    file is held under a lock while written: a run naming it is refused before its ranks start,
+    and one that passed that check together with the other is refused as it opens the file."""
+    import dataclasses
+
+    from commbench.bench.cli import main
+    from commbench.bench.records import RecordWriter, check_outputs
+
+    @dataclasses.dataclass
+    class Point:
+        size_bytes: int = 4
+
+    json_path, csv_path = str(tmp_path / "r.jsonl"), str(tmp_path / "r.csv")
+    busy = "is being written by another commbench run; name another file, or wait for it"
+    first = RecordWriter(json_path, csv_path)
+    try:
+        first.header({"host": "a"})
+        first.write(Point())
+        written = Path(json_path).read_text()
+        for path in (json_path, csv_path):
+            with pytest.raises(ValueError, match=busy):
+                check_outputs(json=path)
+        with pytest.raises(ValueError, match=f"r.csv {busy}"):
+            RecordWriter(str(tmp_path / "other.jsonl"), csv_path)
+        with pytest.raises(ValueError, match=f"r.jsonl {busy}"):
+            RecordWriter(json_path, None)
+        assert Path(json_path).read_text() == written and written.count("\n") == 2
+        assert main(["sweep", "-e", "4K", "--world-size", "2", "--json", json_path]) == 2
+        assert capsys.readouterr().err == f"commbench: error: {json_path} {busy}\n"
+    finally:
+        first.close()
+    check_outputs(json=json_path)
+    again = RecordWriter(json_path, None)  # free once closed, and written anew
+    again.close()
+    assert Path(json_path).read_text() == ""

@@ -8,6 +8,7 @@ import contextlib
 import csv
 import dataclasses
 import errno
+import fcntl
 import json
 import os
 import re
@@ -331,6 +332,9 @@ def check_outputs(
         for path in (*files.values(), plot):
             if path:
                 check_writable(path)
+        for path in files.values():
+            if path:
+                check_not_busy(path)
 
 
 def plots_beside(command: str, plot: str | None, probe: bool) -> list[Path]:
@@ -348,12 +352,58 @@ def plots_beside(command: str, plot: str | None, probe: bool) -> list[Path]:
     return beside
 
 
+def _busy(path: str | Path) -> str:
+    return f"{shown(path)} is being written by another commbench run; name another file, or wait for it"
+
+
+def check_not_busy(path: str | Path) -> None:
+    """ValueError where another run holds ``path`` open for its records (:func:`open_records`):
+    two runs given one file wrote over each other's lines, and both ended as if all was well."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:  # not there (nobody writes it) or not readable (said by check_writable)
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ValueError(_busy(path)) from None
+    except OSError:  # a file system without locks
+        pass
+    finally:
+        os.close(fd)
+
+
+def open_records(path: str, newline: str | None = None) -> IO[str]:
+    """``path`` opened to be written anew, a regular file held under an exclusive lock until it is
+    closed; ValueError where another run holds it (see :func:`check_not_busy`, the check before the
+    ranks start: this one settles two runs that passed it together). Truncated once the lock is
+    held, so that the run refused leaves the other's lines as they were."""
+    if is_stream(path):
+        return open(path, "w", newline=newline)
+    f = open(path, "a", newline=newline)
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise ValueError(_busy(path)) from None
+    except OSError:  # a file system without locks
+        pass
+    f.truncate(0)
+    return f
+
+
 class RecordWriter:
     """Writes a header and records to JSON Lines and/or CSV as they come."""
 
     def __init__(self, json_path: str | None, csv_path: str | None) -> None:
-        self._json: IO[str] | None = open(json_path, "w") if json_path else None
-        self._csv_file: IO[str] | None = open(csv_path, "w", newline="") if csv_path else None
+        self._json: IO[str] | None = open_records(json_path) if json_path else None
+        try:
+            self._csv_file: IO[str] | None = open_records(csv_path, newline="") if csv_path else None
+        except BaseException:
+            if self._json is not None:
+                self._json.close()
+            raise
         self._csv: csv.DictWriter | None = None
         # Both files regular: a stop waits for a point to be in both. Not where either is a pipe or
         # a terminal, whose write can block for as long as its reader stalls, and a stop must end it.
