@@ -310,6 +310,27 @@ def test_cuda_without_cuda_is_refused_before_the_build(monkeypatch, capsys):
     )
 
 
+@pytest.mark.parametrize("backend", [[], ["--backend", "nccl"]], ids=["default", "named"])
+def test_nccl_is_refused_before_the_build(monkeypatch, capsys, backend):
+    """Each host's torchrun starts one rank, local rank 0: every host's rank took GPU 0, which NCCL
+    refuses inside the ranks, after the build; gloo (which may share a GPU) is let through."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr(netns, "check_privileges", lambda: pytest.fail("built a cluster from bad input"))
+    argv = ["cluster", "--hosts", "2", "--", "compare", "--device", "cuda"]
+    assert cli.main([*argv, *backend]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("commbench: error: the cluster's hosts share this machine's GPUs, and NCCL ") and (
+        err.endswith("give --backend gloo (its ranks share GPU 0)\n")
+    ), err
+
+    def built() -> None:
+        raise ValueError("past the checks")
+
+    monkeypatch.setattr(netns, "check_privileges", built)
+    assert cli.main([*argv, "--backend", "gloo"]) == 2
+    assert capsys.readouterr().err == "commbench: error: past the checks\n"
+
+
 def test_a_training_set_the_hosts_cannot_index_together_is_refused_before_the_build(monkeypatch, capsys):
     """Every host's rank lives in this machine's memory; each host, one rank under its torchrun,
     checked for itself alone, after the build."""

@@ -278,6 +278,14 @@ def check_inner(inner: argparse.Namespace, hosts: int) -> None:
         world_size=hosts, device=inner.device, backend=inner.backend, timeout_s=inner.timeout
     )
     cli.check_device(spec.device)
+    if spec.resolved_backend == "nccl":
+        # Every host's rank took GPU 0 (each host's torchrun starts one rank, local rank 0), which
+        # NCCL refuses inside the ranks; and NCCL between GPUs of one machine goes over NVLink or
+        # PCIe, around the shaped links the cluster is for.
+        raise ValueError(
+            "the cluster's hosts share this machine's GPUs, and NCCL would carry their traffic around "
+            "the shaped links: give --backend gloo (its ranks share GPU 0)"
+        )
     _check_outputs(inner)
     if inner.command in ("train", "compare"):
         from commbench.bench import train
