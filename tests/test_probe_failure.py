@@ -120,3 +120,31 @@ def test_a_sweep_whose_probe_cannot_start_closes_its_record_file(fake_nvml, monk
     with pytest.raises(ValueError, match="nope0"):
         sweep.Rank0Output(sweep.SweepConfig(json_path=str(tmp_path / "run.jsonl")), {"x": 1})
     assert closed == [True] and fake_nvml.inits == fake_nvml.shutdowns
+
+
+def test_the_probe_line_gives_each_gpus_address_where_there_are_several(fake_nvml, monkeypatch):
+    """NVML numbers every GPU of the host, CUDA only those $CUDA_VISIBLE_DEVICES leaves: the
+    timeline's "GPU 1" was the rank lines' cuda:0 with nothing to match them by; the rank lines
+    give each GPU's PCI address, and now the probe's line gives NVML's, in the same form."""
+    from commbench.bench import probing
+    from tests.fake_nvml import FakeDevice
+
+    monkeypatch.setenv("COMMBENCH_NIC", "lo")
+    probe = probing.RunProbe(0.1)
+    try:
+        assert probe.describe() == "# probes: every 0.1 s on lo; 1 GPU(s) through NVML"
+    finally:
+        probe.finish()
+    fake_nvml.devices = [
+        FakeDevice(bus_id="00000000:1B:00.0"),
+        FakeDevice(bus_id="0001:c4:00.0"),
+        FakeDevice(bus_id="x"),
+    ]
+    probe = probing.RunProbe(0.1)
+    try:
+        assert probe.describe() == (
+            "# probes: every 0.1 s on lo; 3 GPU(s) through NVML "
+            "(GPU 0 [0000:1b:00.0], GPU 1 [0001:c4:00.0], GPU 2 [?])"
+        )
+    finally:
+        probe.finish()

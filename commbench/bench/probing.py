@@ -37,6 +37,10 @@ class RunProbe:
     def describe(self) -> str:
         """One line for the table header: what is probed, and what is not and why."""
         gpu = f"{len(self.nvml.devices)} GPU(s) through NVML" if self.nvml is not None else self.nvml_note
+        if self.nvml is not None and len(self.nvml.devices) > 1:
+            # NVML numbers every GPU of the host, CUDA those $CUDA_VISIBLE_DEVICES leaves, in its
+            # order: the timeline's "GPU 2" can be the rank lines' cuda:0, told apart by address
+            gpu += " (" + ", ".join(f"GPU {d.index} [{d.pci or '?'}]" for d in self.nvml.devices) + ")"
         return f"# probes: every {self.sampler.interval_s:g} s on {self.nic}; {gpu}"
 
     def mark(self, label: str) -> None:

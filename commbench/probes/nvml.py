@@ -95,6 +95,17 @@ class DeviceInfo:
     supported: frozenset[str]
 
     @property
+    def pci(self) -> str | None:
+        """The PCI address as the rank lines write a GPU's (domain:bus:device.function, in four, two
+        and two hex digits), or None where NVML gave none or one of another form."""
+        try:
+            dom, bus, rest = (self.pci_bus_id or "").lower().split(":")
+            dev, fn = rest.split(".")
+            return f"{int(dom, 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{int(fn, 16)}"
+        except ValueError:
+            return None
+
+    @property
     def pcie_counters(self) -> bool:
         """True where PCIe bytes come from counters; False where only the 20 ms estimate exists."""
         return {"pcie_tx", "pcie_rx"} <= self.supported
