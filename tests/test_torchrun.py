@@ -15,7 +15,7 @@ import pytest
 
 from commbench.bench.cli import main
 from tests import stops
-from tests.world import free_port
+from tests.world import free_port, run_as_nodes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -188,30 +188,8 @@ def test_ranks_on_other_nodes_leave_the_output_paths_to_rank_0(tmp_path, command
     (nodes[0] / "results").mkdir()
     argv = [*command.split(), "-q", "--no-probe", "--timeout", "60"]
     argv += ["--json", "results/r.jsonl", "--plot", "results/r.png"]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-    }
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-m", "commbench", *argv],
-            cwd=node,
-            env={**env, "RANK": str(rank), "LOCAL_RANK": "0"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank, node in enumerate(nodes)
-    ]
-    try:
-        errors = [rank.communicate(timeout=240)[1] for rank in ranks]
-    finally:
-        for rank in ranks:
-            rank.kill()
-    assert [rank.returncode for rank in ranks] == [0, 0], errors
+    ended = run_as_nodes(argv, nodes, 240)
+    assert [code for code, _ in ended] == [0, 0], ended
     assert sorted(p.name for p in (nodes[0] / "results").iterdir()) == written
     assert list(nodes[1].iterdir()) == []
     records = [json.loads(x) for x in (nodes[0] / "results" / "r.jsonl").read_text().splitlines()]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -741,7 +740,7 @@ def test_a_node_without_the_data_ends_every_nodes_run_at_once(tmp_path: Path) ->
     where the first waited out the --timeout (60 s here) for a rank that had refused before
     joining."""
     from tests.test_data import write_mnist
-    from tests.world import free_port
+    from tests.world import run_as_nodes
 
     nodes = [tmp_path / "node0", tmp_path / "node1"]
     for node in nodes:
@@ -750,28 +749,11 @@ def test_a_node_without_the_data_ends_every_nodes_run_at_once(tmp_path: Path) ->
     (nodes[1] / "data").mkdir()
     argv = ["train", "--strategy", "ring", "--dataset", "mnist", "--data-dir", "data", "--batch-size",
             "4", "--steps-per-epoch", "1", "-q", "--no-probe", "--timeout", "60"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
-    env["MASTER_PORT"] = str(free_port())
     started = time.monotonic()
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-m", "commbench", *argv],
-            cwd=node,
-            env={**env, "RANK": str(rank), "LOCAL_RANK": "0"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank, node in enumerate(nodes)
-    ]
-    try:
-        errors = [rank.communicate(timeout=120)[1] for rank in ranks]
-    finally:
-        for rank in ranks:
-            rank.kill()
-    assert time.monotonic() - started < 45, errors
-    assert [rank.returncode for rank in ranks] == [2, 2], errors
-    for err in errors:
+    ended = run_as_nodes(argv, nodes, 120)
+    assert time.monotonic() - started < 45, ended
+    assert [code for code, _ in ended] == [2, 2], ended
+    for _, err in ended:
         assert err.startswith("commbench: error: expected data/MNIST/raw/train-images-idx3-ubyte"), err
         assert err.count("\n") == 1, err
         assert err.endswith("(on rank 1; every node needs what its ranks read)\n"), err

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.train_cases import run_train_case
+from tests.train_cases import BATCHNORM_RUN, run_train_case
 from tests.world import World, worlds_of
 
 STRATEGIES_MULTI = ("naive", "ring", "bucketed", "ddp")
@@ -109,17 +109,7 @@ def test_batchnorm_statistics_and_held_out_loss_are_ddps(train_worlds) -> None:
     """DDP broadcasts rank 0's buffers before each forward; the hand-written strategies do too, so
     every rank ends with ddp's BatchNorm statistics and the same held-out loss (they kept their own:
     rank 1's were 0.02 off after three steps here, 0.54 after an epoch of CIFAR size)."""
-    config = _config(
-        ("naive", "bucketed", "ddp"),
-        model="vgg11",
-        model_options=(("input_shape", (3, 8, 8)),),
-        samples=64,
-        batch_size=8,
-        steps_per_epoch=3,
-        epochs=1,
-        bucket_cap_mb=8.0,
-        first_bucket_mb=1.0,
-    )
+    config = _config(("naive", "bucketed", "ddp"), **BATCHNORM_RUN)
     results = _results(train_worlds(2), config, diff_against="ddp")
     for rank, r in enumerate(results):
         assert r["buffer_count"] == 3 * 8  # mean, variance and count of eight BatchNorm2d

@@ -9,6 +9,19 @@ import torch
 from commbench.trainers.loop import TrainConfig, Trainer, run_rank
 from commbench.trainers.models import build_model
 
+# A short run of a model with BatchNorm (vgg11 has eight BatchNorm2d) for the train tests'
+# configurations: three steps of 8 images of 8x8, several buckets.
+BATCHNORM_RUN: dict[str, Any] = dict(
+    model="vgg11",
+    model_options=(("input_shape", (3, 8, 8)),),
+    samples=64,
+    batch_size=8,
+    steps_per_epoch=3,
+    epochs=1,
+    bucket_cap_mb=8.0,
+    first_bucket_mb=1.0,
+)
+
 
 def initial_parameters(config: TrainConfig) -> list[torch.Tensor]:
     """The parameters every trainer starts from: the model built after seeding, as Trainer does."""

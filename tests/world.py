@@ -128,3 +128,34 @@ def worlds_of(runner: Callable[[Any], Any]) -> Iterator[Callable[[int], World]]:
             w.stop()
         for w in started.values():
             w.close()
+
+
+def run_as_nodes(argv: list[str], nodes: list[Any], timeout_s: float) -> list[tuple[int, str]]:
+    """``python -m commbench *argv`` as the ranks of one job on as many nodes, rank i started in
+    directory ``nodes[i]`` with the variables torchrun gives (local rank 0 each); returns each
+    rank's exit code and standard error. Each is killed if it outlives ``timeout_s``."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root, "WORLD_SIZE": str(len(nodes)), "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(free_port())
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "commbench", *argv],
+            cwd=node,
+            env={**env, "RANK": str(rank), "LOCAL_RANK": "0"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, node in enumerate(nodes)
+    ]
+    try:
+        errors = [rank.communicate(timeout=timeout_s)[1] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    return [(rank.returncode, err) for rank, err in zip(ranks, errors, strict=True)]
