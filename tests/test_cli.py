@@ -1678,9 +1678,21 @@ def test_a_sweep_whose_buffers_exceed_the_memory_is_refused_before_any_rank(tmp_
     # under torchrun the host's refusal waits for the join, where every rank says it
     monkeypatch.setattr(launch, "launched_externally", lambda: True)
     monkeypatch.setattr(launch, "local_ranks", lambda: 4)
-    cli.check_sweep(config, launch.LaunchSpec(world_size=4))
-    assert "over 4 rank(s) on this host" in launch._node_refusal
+    monkeypatch.setattr(launch, "_node_refusal", None)  # put back after the test
+    held = []
+
+    def join(*args):
+        held.append(launch._node_refusal)
+        raise ValueError("joined")
+
+    monkeypatch.setattr(launch, "run", join)
+    with pytest.raises(ValueError, match="joined"):
+        cli.cmd_sweep(config, launch.LaunchSpec(world_size=4), None)
+    assert "take at least 79.0 MiB over 4 rank(s) on this host" in held[0]
+    # a cluster under an outer launcher still refuses before it is built: it joins no group
     monkeypatch.setattr(launch, "_node_refusal", None)
+    assert main(["cluster", "--hosts", "4", "--", "sweep", "-e", "1M", "-a", "builtin,ring"]) == 2
+    assert "over 4 rank(s) on this host" in capsys.readouterr().err and launch._node_refusal is None
 
 
 @pytest.mark.parametrize(

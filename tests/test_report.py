@@ -620,18 +620,18 @@ def test_a_records_file_another_run_is_writing_is_refused_and_left_whole(tmp_pat
         size_bytes: int = 4
 
     json_path, csv_path = str(tmp_path / "r.jsonl"), str(tmp_path / "r.csv")
-    busy = "is being written by another commbench run; name another file, or wait for it"
+    busy = "is being written by another run (it holds the file's lock); name another file, or wait for it"
     first = RecordWriter(json_path, csv_path)
     try:
         first.header({"host": "a"})
         first.write(Point())
         written = Path(json_path).read_text()
         for path in (json_path, csv_path):
-            with pytest.raises(ValueError, match=busy):
+            with pytest.raises(ValueError, match=re.escape(busy)):
                 check_outputs(json=path)
-        with pytest.raises(ValueError, match=f"r.csv {busy}"):
+        with pytest.raises(ValueError, match=re.escape(f"r.csv {busy}")):
             RecordWriter(str(tmp_path / "other.jsonl"), csv_path)
-        with pytest.raises(ValueError, match=f"r.jsonl {busy}"):
+        with pytest.raises(ValueError, match=re.escape(f"r.jsonl {busy}")):
             RecordWriter(json_path, None)
         assert Path(json_path).read_text() == written and written.count("\n") == 2
         assert main(["sweep", "-e", "4K", "--world-size", "2", "--json", json_path]) == 2

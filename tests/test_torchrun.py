@@ -216,7 +216,9 @@ def test_only_rank_0_of_a_launched_job_writes_outputs(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_path_that_rank_0_refuses_is_said_once_and_ends_the_run(tmp_path):
+def test_a_path_that_rank_0_refuses_is_said_by_every_rank_and_ends_the_run(tmp_path):
+    """Rank 0 alone writes, so it alone can refuse the path: it refused before joining, and ranks
+    on other nodes waited out --timeout for it. Every rank now joins, then says rank 0's refusal."""
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
         + ["-m", "commbench", "sweep", "-b", "4K", "-e", "4K", "-n", "2", "-q", "--json", "nodir/r.jsonl"],
@@ -228,7 +230,8 @@ def test_a_path_that_rank_0_refuses_is_said_once_and_ends_the_run(tmp_path):
     )
     said = [line for line in out.stderr.splitlines() if line.startswith("commbench:")]
     assert out.returncode != 0
-    assert said == ["commbench: error: cannot write nodir/r.jsonl: directory nodir does not exist"], said
+    line = "commbench: error: cannot write nodir/r.jsonl: directory nodir does not exist (said by rank 0)"
+    assert said == [line] * 3, said
     assert list(tmp_path.iterdir()) == []
 
 

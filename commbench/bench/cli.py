@@ -379,18 +379,14 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None, command: str | 
     return rows
 
 
-def check_sweep(config: Any, spec: Any, local: int | None = None) -> None:
-    """What a sweep's ranks would refuse after they started: a root outside the world, sizes that
-    hold no element, buffers beyond this host's memory (``local``: see check_sweep_memory)."""
+def check_sweep(config: Any, spec: Any) -> None:
+    """What a sweep's ranks would refuse after they started, the same on every host: a root outside
+    the world, sizes that hold no element (this host's memory is :func:`check_sweep_memory`'s)."""
     from commbench.bench.collectives import SPECS
 
     if SPECS[config.collective].has_root and config.root >= spec.world_size:
         raise ValueError(f"root {config.root} is not a rank of a world of {spec.world_size}")
     _check_some_size_fits(config, spec.world_size)
-    from commbench.bench import launch
-
-    with launch.node_checks():  # this host's memory: under torchrun, said by every rank once joined
-        check_sweep_memory(config, spec, local)
 
 
 def _check_some_size_fits(config: Any, world: int) -> None:
@@ -440,13 +436,15 @@ def cmd_sweep(config: Any, spec: Any, plot_path: str | None, command: str | None
     from commbench.bench.records import check_outputs, plots_beside
 
     check_sweep(config, spec)
-    check_outputs(
-        json=config.json_path,
-        csv=config.csv_path,
-        plot=plot_path,
-        beside=plots_beside("sweep", plot_path, config.probe),
-        writes=launch.writes_outputs(),
-    )
+    with launch.node_checks():  # this host's memory and rank 0's files: see node_checks
+        check_sweep_memory(config, spec)
+        check_outputs(
+            json=config.json_path,
+            csv=config.csv_path,
+            plot=plot_path,
+            beside=plots_beside("sweep", plot_path, config.probe),
+            writes=launch.writes_outputs(),
+        )
     results = launch.run(_sweep_rank, (config, spec.device, plot_path, command), spec)
     # Each rank's points carry the wrong elements of every rank (summed): any rank's tell.
     wrong = wrong_results(next(iter(results.values()), []))

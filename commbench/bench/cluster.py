@@ -295,7 +295,9 @@ def check_inner(inner: argparse.Namespace, hosts: int) -> None:
         # every host's rank lives in this machine's memory
         train.check_data(config, ranks_here=hosts, device=inner.device, world=hosts)
     if inner.command == "sweep":  # every host's rank lives in this machine's memory
-        cli.check_sweep(cli.sweep_config(inner), spec, local=hosts)
+        config = cli.sweep_config(inner)
+        cli.check_sweep(config, spec)
+        cli.check_sweep_memory(config, spec, local=hosts)
 
 
 def _read_records(path: str | None) -> list[dict[str, Any]]:

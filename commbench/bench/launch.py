@@ -285,11 +285,12 @@ def work_of(args: tuple) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def node_checks() -> Iterator[None]:
-    """The block checks what this node holds (data files, a weights file, memory) before the ranks
-    start. Under commbench's own launcher its ValueError goes on at once; under torchrun or SLURM
-    it is kept, the rank joins its group, and :func:`check_same_work` raises it on every rank: a
-    node whose ranks refused before joining left the others waiting out --timeout for a group
-    they would never fill, and said nothing of why."""
+    """The block checks what may differ from rank to rank before the ranks start: what this node
+    holds (data files, a weights file, memory) and the files rank 0 alone writes. Under
+    commbench's own launcher its ValueError goes on at once; under torchrun or SLURM it is kept,
+    the rank joins its group, and :func:`check_same_work` raises it on every rank: ranks that
+    refused before joining left the others waiting out --timeout for a group they would never
+    fill, and said nothing of why."""
     global _node_refusal
     if not launched_externally():
         yield
@@ -314,8 +315,8 @@ def check_same_work(args: tuple) -> None:
     refused = [(rank, text) for rank, (_, text) in enumerate(gathered) if text is not None]
     if refused:
         rank, text = refused[0]
-        more = f" and {len(refused) - 1} other rank(s)" if len(refused) > 1 else ""
-        raise ValueError(f"{text} (on rank {rank}{more}; every node needs what its ranks read)")
+        more = f", and {len(refused) - 1} other rank(s)" if len(refused) > 1 else ""
+        raise ValueError(f"{text} (said by rank {rank}{more})")
     everyone = [work for work, _ in gathered]
     for rank, theirs in enumerate(everyone):
         if theirs == mine:

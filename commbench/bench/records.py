@@ -353,7 +353,10 @@ def plots_beside(command: str, plot: str | None, probe: bool) -> list[Path]:
 
 
 def _busy(path: str | Path) -> str:
-    return f"{shown(path)} is being written by another commbench run; name another file, or wait for it"
+    return (
+        f"{shown(path)} is being written by another run (it holds the file's lock); "
+        "name another file, or wait for it"
+    )
 
 
 def check_not_busy(path: str | Path) -> None:

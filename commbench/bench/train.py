@@ -230,16 +230,16 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
 
 
 def finished_epochs_table(epochs: list[dict[str, Any]]) -> str:
-    """What a train or compare that stopped before its summary prints: a line saying so, then its
-    finished epochs (the report's columns), one row each."""
+    """What a train or compare that was stopped or failed before its summary prints: a line saying
+    so, then its finished epochs (the report's columns), one row each."""
     from commbench.bench.reporting import EPOCH_COLUMNS
 
     rows = [[c[0] for c in EPOCH_COLUMNS]] + [[c[1](e) for c in EPOCH_COLUMNS] for e in epochs]
     widths = [max(len(row[i]) for row in rows) for i in range(len(EPOCH_COLUMNS))]
     lines = [" ".join(f"{cell:>{w}}" for cell, w in zip(row, widths, strict=True)) for row in rows]
     return (
-        "# stopped before its last epoch, so there is no step-time table; the epochs "
-        "it finished:\n" + "\n".join(lines)
+        "# ended before its summary, so there is no step-time table; the epochs it finished:\n"
+        + "\n".join(lines)
     )
 
 
@@ -411,14 +411,14 @@ def cmd_train(config: Any, spec: Any, command: str | None = None, name: str = "t
     from commbench.bench.starter import launched_externally
 
     check_launch(config, spec.world_size, spec.device)
-    check_outputs(
-        json=config.json_path,
-        plot=config.plot_path,
-        beside=plots_beside("train", config.plot_path, config.probe),
-        writes=launch.writes_outputs(),
-    )
     external = launched_externally()
-    with launch.node_checks():
+    with launch.node_checks():  # rank 0's files and this node's data and memory: see node_checks
+        check_outputs(
+            json=config.json_path,
+            plot=config.plot_path,
+            beside=plots_beside("train", config.plot_path, config.probe),
+            writes=launch.writes_outputs(),
+        )
         check_data(
             config,
             launch.local_ranks() if external else spec.world_size,
