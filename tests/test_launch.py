@@ -1156,3 +1156,26 @@ def test_a_value_error_while_torch_loads_is_not_taken_for_bad_input(monkeypatch)
     monkeypatch.setattr(cli, "_import_launch", broken)
     with pytest.raises(ValueError, match="binary incompatibility"):
         cli.main(["summary", "nothing.jsonl"])
+
+
+def test_a_peer_that_gave_up_waiting_names_the_rank_that_never_answered(tmp_path):
+    """Rank 1 stopped (SIGSTOP) raised nothing; rank 0's gloo timeout was the only failure the
+    launcher saw, and the run's line blamed rank 0, which had waited for it."""
+    from types import SimpleNamespace
+
+    from commbench.bench import launch
+
+    waited = "RuntimeError: [unbound_buffer.cc:78] Timed out waiting 15000ms for recv operation to complete"
+    (tmp_path / "rank0.err").write_text(f"5.0\t{waited}")
+    failed = SimpleNamespace(exitcode=1, timestamp=6.0, signal_name=lambda: "<N/A>")
+    exc = SimpleNamespace(failures={0: failed})
+    found = launch._first_failure(exc, str(tmp_path), 2)
+    assert (found.rank, found.detail) == (
+        1,
+        f"it did not answer within the --timeout; rank 0 gave up waiting: {waited}",
+    )
+    assert launch._first_failure(exc, str(tmp_path), 4).detail.startswith("it (and 2 more) did not answer")
+    # an error of another kind, or no rank left out, names the rank that raised
+    assert launch._first_failure(exc, str(tmp_path), 1).rank == 0
+    (tmp_path / "rank0.err").write_text("5.0\tValueError: bad value")
+    assert (launch._first_failure(exc, str(tmp_path), 2).rank, found.bad_input) == (0, False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -45,6 +46,9 @@ AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 _stopping = False  # this rank is being stopped by a signal
 _joined = False  # this rank has joined its group and made its connections
 _node_refusal: str | None = None  # kept by node_checks, said on every rank by check_same_work
+# A rank's error that says it gave up waiting for a peer: gloo's "Timed out waiting 15000ms for
+# recv operation", NCCL's watchdog "collective operation timeout", the store's "Timed out after"
+WAITED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 
 
 Interrupted = signals.Interrupted  # defined beside the handlers, where code without torch can catch it
@@ -631,7 +635,7 @@ def run(fn: Callable[..., Any], args: tuple, spec: LaunchSpec) -> dict[int, Any]
                 except ChildFailedError as exc:
                     if lost:  # the ranks were ended by that stop
                         raise Interrupted(lost[0]) from None
-                    failure = _first_failure(exc, error_dir)
+                    failure = _first_failure(exc, error_dir, spec.world_size)
                     if forked and starter.server_gone():  # its ranks get SIGINT (torch's PDEATHSIG)
                         gone = "the fork server that started the ranks had ended"
                         failure = RankFailed(
@@ -827,8 +831,11 @@ def _method_name(depth: int = 2) -> str:
         return "no_method_name"
 
 
-def _first_failure(exc: Any, error_dir: str) -> RankFailed:
-    """The failure that came first: a rank's own error, not the peers it took down with it."""
+def _first_failure(exc: Any, error_dir: str, world: int = 0) -> RankFailed:
+    """The failure that came first: a rank's own error, not the peers it took down with it. Where
+    that is a rank that gave up waiting (a timeout) and some of the ``world`` ranks had not
+    failed, the first of those is named: it raised nothing, being hung (stopped, or in a
+    driver's wait) or gone quietly."""
     # A rank that died on its own (an exit code, a crash, SIGKILL) is the likeliest cause: its
     # peers' recorded errors are then "connection closed". Next come ranks that raised, earliest
     # first, then ranks aborted (SIGABRT, as NCCL's watchdog does to peers) or stopped by the
@@ -863,5 +870,13 @@ def _first_failure(exc: Any, error_dir: str) -> RankFailed:
     if len(records) == len(found) and records[0][2].startswith(STOPPED_BY):
         _, rank, text = records[0]
         return RankFailed(rank, text)
-    _, _, rank, text = found[0]
+    kind, _, rank, text = found[0]
+    silent = sorted(set(range(world)) - {r for _, _, r, _ in found})
+    if kind == 1 and silent and WAITED_OUT.search(text):
+        # A stopped or hung rank (SIGSTOP, a wait in a driver) raises nothing: its peer's timeout
+        # named the rank that waited, not the one it waited for.
+        more = f" (and {len(silent) - 1} more)" if len(silent) > 1 else ""
+        return RankFailed(
+            silent[0], f"it{more} did not answer within the --timeout; rank {rank} gave up waiting: {text}"
+        )
     return RankFailed(rank, text)
