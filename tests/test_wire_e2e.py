@@ -14,7 +14,9 @@ from tests import recorded
 
 def test_sweep_bytes_match_loopback_counter(recorded_sweep) -> None:
     world = recorded.SWEEP_WORLD
-    assert "# probes: every 0.1 s on lo" in recorded_sweep.stdout
+    lines = recorded_sweep.stdout.splitlines()
+    probe = next(i for i, line in enumerate(lines) if line.startswith("# probes: every 0.1 s on lo"))
+    assert lines[probe + 1].startswith("#    size(B)")  # with the header's notes, above the columns' names
     sweep = recorded_sweep.of_type("sweep")
     judged = [r for r in sweep if r["size_bytes"] >= 1 << 20]
     assert {r["algorithm"] for r in judged} == {*recorded.SWEEP_ALGORITHMS, "p2p"}  # the limit too

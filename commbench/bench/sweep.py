@@ -629,9 +629,11 @@ class Rank0Output:
                     dynamic_ncols=True,
                     disable=not sys.stderr.isatty(),
                 )
-                say(self.report.table_header(self.config, payload, self.ranks))
-                if self.probe is not None:
-                    say(self.probe.describe())
+                header = self.report.table_header(self.config, payload, self.ranks)
+                if self.probe is not None:  # with the header's other notes, above the columns' names
+                    notes, _, columns = header.rpartition("\n")
+                    header = "\n".join(line for line in (notes, self.probe.describe(), columns) if line)
+                say(header)
         elif kind == "step":
             if self.bar is not None:
                 self.bar.update(1)
