@@ -642,3 +642,42 @@ def test_a_records_file_another_run_is_writing_is_refused_and_left_whole(tmp_pat
     again = RecordWriter(json_path, None)  # free once closed, and written anew
     again.close()
     assert Path(json_path).read_text() == ""
+
+
+def test_an_output_directory_another_run_is_writing_is_refused(recorded, tmp_path, capsys, monkeypatch):
+    """Two reports into one -o directory wrote plots of the same names over each other's (a report
+    showed the other's data under its own captions); two studies rewrote each other's progress
+    file and lost finished runs; two profiles one summary.json. Each holds its directory under a
+    lock while it writes; a run that finds it held is refused in one line, exit 2, and writes
+    nothing there."""
+    import subprocess
+    import sys
+
+    from commbench.bench import profile
+    from commbench.bench.records import directory_held
+
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(out)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        busy = f"commbench: error: {out} is being written by another run (it holds the directory's lock); "
+        monkeypatch.setattr(profile, "find_py_spy", lambda: pytest.fail("profiled into a held directory"))
+        for argv in (
+            ["report", str(recorded["sweep"]), "-o", str(out)],
+            ["study", "004_batch_scaling", "--tiny", "-o", str(out)],
+            ["profile", "-o", str(out), "--", "sweep", "--world-size", "2"],
+        ):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert err.startswith(busy) and err.endswith("give another -o, or wait for it\n"), err
+        assert list(out.iterdir()) == [] or sorted(p.name for p in out.iterdir()) == ["runs"]
+    finally:
+        holder.kill()
+        holder.wait()
+    with directory_held(out), directory_held(out):  # this process's own, held twice (a study's report)
+        assert main(["report", str(recorded["sweep"]), "-o", str(out)]) == 0

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.bench import signals, starter
-from commbench.bench.records import output_path
+from commbench.bench.records import directory_held, output_path, write_whole
 
 FORMATS = ("speedscope", "flamegraph")
 CATEGORIES = ("communication", "compute", "elsewhere")
@@ -554,38 +554,41 @@ def run_profile(
     out = Path(config.out_dir)
     made = _first_missing(out)  # what output_dir makes, parents included
     output_dir(config.out_dir)
-    py_spy = py_spy or find_py_spy()
-    # SIGHUP too: the inner command runs in a session of its own, so a closed terminal reaches only
-    # this process, which must stop it. Noted, not raised: children first, then what they wrote is kept.
-    with signals.noted(signals.STOPS) as stop:
-        try:
-            check_py_spy(py_spy)
-        except ValueError:
-            _remove_made(out, made)  # a run that cannot profile leaves no empty directory
-            if stop:  # stopped while checking: an interruption, not a py-spy that cannot attach
-                raise signals.Interrupted(stop[0]) from None
-            raise
-        assert py_spy is not None
-        if stop:  # before the run began: nothing to keep
-            _remove_made(out, made)
-            raise signals.Interrupted(stop[0])
-        code, recorders = profile_command(config, py_spy, stop)
-        if code < 0:  # killed by a signal: said, and the shell's code for it (-9 was exit 247)
+    # Held until the profiles and summary.json are written; another run's refusal leaves the
+    # directory (the other run's) as it is.
+    with directory_held(out):
+        py_spy = py_spy or find_py_spy()
+        # SIGHUP too: the inner command runs in a session of its own, so a closed terminal reaches only
+        # this process, which must stop it. Noted, not raised: children first, then what they wrote is kept.
+        with signals.noted(signals.STOPS) as stop:
             try:
-                name = signal.Signals(-code).name
+                check_py_spy(py_spy)
             except ValueError:
-                name = f"signal {-code}"
-            print(f"commbench: profile: the command was killed by {name}", file=sys.stderr, flush=True)
-            code = 128 - code
-        if code == BAD_INPUT and not recorders and not stop:
-            # The inner command refused its input, in its own one line, before starting a rank, and
-            # no recorder wrote here: a directory this run made is removed if still empty (a profile
-            # beside it that found it missing too may have written into it since).
-            _remove_made(out, made)
-            return code, [], None
-        # Still held: a stop now waits for the profiles and summary.json of a run that has ended.
-        profiles = _write_up(config, code, recorders, stop[0] if stop else None)
-    return code, profiles, stop[0] if stop else None
+                _remove_made(out, made)  # a run that cannot profile leaves no empty directory
+                if stop:  # stopped while checking: an interruption, not a py-spy that cannot attach
+                    raise signals.Interrupted(stop[0]) from None
+                raise
+            assert py_spy is not None
+            if stop:  # before the run began: nothing to keep
+                _remove_made(out, made)
+                raise signals.Interrupted(stop[0])
+            code, recorders = profile_command(config, py_spy, stop)
+            if code < 0:  # killed by a signal: said, and the shell's code for it (-9 was exit 247)
+                try:
+                    name = signal.Signals(-code).name
+                except ValueError:
+                    name = f"signal {-code}"
+                print(f"commbench: profile: the command was killed by {name}", file=sys.stderr, flush=True)
+                code = 128 - code
+            if code == BAD_INPUT and not recorders and not stop:
+                # The inner command refused its input, in its own one line, before starting a rank, and
+                # no recorder wrote here: a directory this run made is removed if still empty (a profile
+                # beside it that found it missing too may have written into it since).
+                _remove_made(out, made)
+                return code, [], None
+            # Still held: a stop now waits for the profiles and summary.json of a run that has ended.
+            profiles = _write_up(config, code, recorders, stop[0] if stop else None)
+        return code, profiles, stop[0] if stop else None
 
 
 def _write_up(config: ProfileConfig, code: int, recorders: Sequence[Any], stopped: int | None) -> list:
@@ -612,7 +615,8 @@ def _write_up(config: ProfileConfig, code: int, recorders: Sequence[Any], stoppe
         "rate_hz": config.rate_hz,
         "ranks": [dataclasses.asdict(p) for p in profiles],
     }
-    (Path(config.out_dir) / "summary.json").write_text(json.dumps(summary, indent=1))
+    text = json.dumps(summary, indent=1)
+    write_whole(Path(config.out_dir) / "summary.json", lambda p: p.write_text(text))
     return profiles
 
 

@@ -17,7 +17,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -394,6 +394,44 @@ def open_records(path: str, newline: str | None = None) -> IO[str]:
         pass
     f.truncate(0)
     return f
+
+
+_HELD_DIRS: set[str] = set()  # the directories this process holds (see directory_held)
+
+
+@contextlib.contextmanager
+def directory_held(path: str | Path) -> Iterator[None]:
+    """Hold the output directory ``path`` (made already) under an exclusive lock while the block
+    writes into it: a report, a study or a profile. Another run holding it is refused (ValueError):
+    two runs given one -o directory wrote plots of the same names over each other's, and a study's
+    progress file over the other study's, each ending as if all was well. A directory this process
+    holds already, or one that cannot be opened or locked (a file system without locks), is
+    written as before."""
+    real = os.path.realpath(path)
+    fd = None
+    if real not in _HELD_DIRS:
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            pass
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ValueError(
+                f"{shown(path)} is being written by another run (it holds the directory's lock); "
+                "give another -o, or wait for it"
+            ) from None
+        except OSError:
+            pass
+        _HELD_DIRS.add(real)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            _HELD_DIRS.discard(real)
+            os.close(fd)
 
 
 class RecordWriter:

@@ -23,6 +23,7 @@ from commbench.bench.records import (
     check_one_run,
     check_writable,
     complete_lines,
+    directory_held,
     exposed_comm_ms,
     first_line,
     input_path,
@@ -1116,13 +1117,16 @@ def build(config: ReportConfig) -> tuple[Path, Path]:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"cannot create {out}: {exc.strerror}") from None
-    for name in ("report.md", "report.html"):  # before the plots: a refused report draws nothing
-        check_target(out / name, "the report")
-        for given in (*config.inputs, *config.baselines):  # it was replaced by the report, without a word
-            with contextlib.suppress(OSError):
-                if os.path.samefile(given, out / name):
-                    raise ValueError(f"{given} is read, and {out / name} would replace it: give another -o")
-    return write_report(report_blocks(runs, out, baselines, config.title), out, config.title)
+    with directory_held(out):
+        for name in ("report.md", "report.html"):  # before the plots: a refused report draws nothing
+            check_target(out / name, "the report")
+            for given in (*config.inputs, *config.baselines):  # it was replaced by the report, without a word
+                with contextlib.suppress(OSError):
+                    if os.path.samefile(given, out / name):
+                        raise ValueError(
+                            f"{given} is read, and {out / name} would replace it: give another -o"
+                        )
+        return write_report(report_blocks(runs, out, baselines, config.title), out, config.title)
 
 
 def _load_all(paths: Sequence[str], prefix: str = "") -> list[Run]:

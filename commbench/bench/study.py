@@ -38,7 +38,7 @@ from typing import Any, TextIO
 from commbench.bench import reporting as rp
 from commbench.bench import signals
 from commbench.bench.cluster import NOT_BUILT
-from commbench.bench.records import exposed_comm_ms, file_stamp, loads, output_path
+from commbench.bench.records import directory_held, exposed_comm_ms, file_stamp, loads, output_path
 from commbench.probes.wirecheck import NOT_JUDGED, says_off
 
 SCALES = ("tiny", "default", "full")
@@ -660,6 +660,8 @@ def run_study(
     # The handlers first: progress.jsonl is replaced under them, so a stop while it is rewritten
     # is a stop like one between runs, and leaves the earlier start's file as it was.
     with _signals_interrupt() as arm, contextlib.ExitStack() as files:
+        if writes:  # before its progress file is rewritten: another study may be writing it
+            files.enter_context(directory_held(out))
         try:
             progress = files.enter_context(
                 _restart_progress(out, done.values(), others) if writes else open(os.devnull, "w")
