@@ -46,9 +46,9 @@ AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 _stopping = False  # this rank is being stopped by a signal
 _joined = False  # this rank has joined its group and made its connections
 _node_refusal: str | None = None  # kept by node_checks, said on every rank by check_same_work
-# A rank's error that says it gave up waiting for a peer: gloo's "Timed out waiting 15000ms for
-# recv operation", NCCL's watchdog "collective operation timeout", the store's "Timed out after"
-WAITED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+# A rank's error that says it gave up waiting for a peer's message: gloo's "Timed out waiting
+# 15000ms for recv operation to complete" (or send), NCCL's watchdog "collective operation timeout"
+WAITED_OUT = re.compile(r"Timed out waiting \d+ms for (recv|send)|collective operation timeout")
 
 
 Interrupted = signals.Interrupted  # defined beside the handlers, where code without torch can catch it
@@ -234,7 +234,10 @@ def _rank_main(
                 # as long as the handlers: a finaliser can take a stop after ``fn`` (tqdm's bar,
                 # freed with the traceback of the error that ended it)
                 sys.unraisablehook = _stop_again_after_finalisers(sys.unraisablehook)
-                return fn(*args)
+                result = fn(*args)
+                # for the launcher, should a peer fail later: this rank is not one that hung
+                Path(error_dir, f"rank{os.environ.get('RANK', '?')}.done").touch()
+                return result
             # Under torchrun or SLURM too: torchrun passes a SIGTERM or SIGHUP on to its ranks, whose
             # default action skipped the finally-blocks (a sweep lost its probe record). This process
             # is the caller's, so its handlers come back after ``fn``.
@@ -833,9 +836,9 @@ def _method_name(depth: int = 2) -> str:
 
 def _first_failure(exc: Any, error_dir: str, world: int = 0) -> RankFailed:
     """The failure that came first: a rank's own error, not the peers it took down with it. Where
-    that is a rank that gave up waiting (a timeout) and some of the ``world`` ranks had not
-    failed, the first of those is named: it raised nothing, being hung (stopped, or in a
-    driver's wait) or gone quietly."""
+    that is a rank that gave up waiting for a peer's message (gloo's or NCCL's timeout) and some
+    of the ``world`` ranks had neither failed nor finished their work, the first of those is
+    named: it raised nothing, being hung (stopped, or in a driver's wait)."""
     # A rank that died on its own (an exit code, a crash, SIGKILL) is the likeliest cause: its
     # peers' recorded errors are then "connection closed". Next come ranks that raised, earliest
     # first, then ranks aborted (SIGABRT, as NCCL's watchdog does to peers) or stopped by the
@@ -871,7 +874,8 @@ def _first_failure(exc: Any, error_dir: str, world: int = 0) -> RankFailed:
         _, rank, text = records[0]
         return RankFailed(rank, text)
     kind, _, rank, text = found[0]
-    silent = sorted(set(range(world)) - {r for _, _, r, _ in found})
+    done = {p.stem[4:] for p in Path(error_dir).glob("rank*.done")}  # returned from their work
+    silent = sorted(r for r in set(range(world)) - {r for _, _, r, _ in found} if str(r) not in done)
     if kind == 1 and silent and WAITED_OUT.search(text):
         # A stopped or hung rank (SIGSTOP, a wait in a driver) raises nothing: its peer's timeout
         # named the rank that waited, not the one it waited for.

@@ -632,14 +632,6 @@ def run_study(
             "holds, and the ranks would then run different runs; start the study over, or run it "
             "without the launcher"
         )
-    try:
-        done, others = _finished(out, planned) if writes else ({}, [])
-    except ValueError:
-        if config.resume:
-            raise
-        done, others = {}, []  # a start over: an unreadable progress file is replaced
-    if not config.resume:  # its own runs all run again; other scales' are kept for their --resume
-        done = {}
     if writes:
         try:
             (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -660,8 +652,18 @@ def run_study(
     # The handlers first: progress.jsonl is replaced under them, so a stop while it is rewritten
     # is a stop like one between runs, and leaves the earlier start's file as it was.
     with _signals_interrupt() as arm, contextlib.ExitStack() as files:
-        if writes:  # before its progress file is rewritten: another study may be writing it
+        done: dict[int, Outcome] = {}
+        others: list[str] = []
+        if writes:
+            # before its progress file is read: another study may be writing it
             files.enter_context(directory_held(out))
+            try:
+                done, others = _finished(out, planned)
+            except ValueError:
+                if config.resume:
+                    raise  # else a start over: an unreadable progress file is replaced
+        if not config.resume:  # its own runs all run again; other scales' are kept for their --resume
+            done = {}
         try:
             progress = files.enter_context(
                 _restart_progress(out, done.values(), others) if writes else open(os.devnull, "w")
