@@ -319,9 +319,9 @@ def test_nccl_is_refused_before_the_build(monkeypatch, capsys, backend):
     argv = ["cluster", "--hosts", "2", "--", "compare", "--device", "cuda"]
     assert cli.main([*argv, *backend]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("commbench: error: the cluster's hosts share this machine's GPUs, and NCCL ") and (
-        err.endswith("give --backend gloo (its ranks share GPU 0)\n")
-    ), err
+    assert err.startswith(
+        "commbench: error: every host's rank takes GPU 0 of this machine, which NCCL "
+    ) and (err.endswith("give --backend gloo, whose ranks share it\n")), err
 
     def built() -> None:
         raise ValueError("past the checks")

@@ -1187,3 +1187,21 @@ def test_a_peer_that_gave_up_waiting_names_the_rank_that_never_answered(tmp_path
     ):  # the review: any 'timeout' in a message named a rank left out
         (tmp_path / "rank0.err").write_text(f"5.0\t{other}")
         assert launch._first_failure(exc, str(tmp_path), 4).detail == other
+
+
+def _returns_or_times_out() -> None:
+    """Rank 1 returns; rank 0 then raises gloo's text for a wait on a peer that never answered."""
+    if dist.get_rank() == 0:
+        time.sleep(1.0)  # rank 1 has returned and left its mark
+        raise RuntimeError("[unbound_buffer.cc:78] Timed out waiting 15000ms for recv operation to complete")
+
+
+def test_a_rank_that_returned_is_not_named_as_the_one_waited_for():
+    """A rank marks the launcher's scratch directory when its work returns: without the mark, a
+    rank that had finished (waiting in torch's wrapper when the others were stopped) was named as
+    the silent one ("rank 1 failed: it did not answer within the --timeout ...")."""
+    with pytest.raises(RankFailed) as failed:
+        run(_returns_or_times_out, (), LaunchSpec(world_size=2, timeout_s=30))
+    assert failed.value.rank == 0 and failed.value.detail.startswith("RuntimeError: [unbound_buffer"), str(
+        failed.value
+    )

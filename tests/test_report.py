@@ -657,7 +657,9 @@ def test_an_output_directory_another_run_is_writing_is_refused(recorded, tmp_pat
     from commbench.bench.records import directory_held
 
     out = tmp_path / "out"
-    out.mkdir()
+    (out / "runs").mkdir(parents=True)
+    progress = out / "runs" / "progress.jsonl"
+    progress.write_text("not a progress line\n")  # the second review: read before the lock was taken
     holder = subprocess.Popen(
         [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
          "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(out)],
@@ -670,12 +672,16 @@ def test_an_output_directory_another_run_is_writing_is_refused(recorded, tmp_pat
         for argv in (
             ["report", str(recorded["sweep"]), "-o", str(out)],
             ["study", "004_batch_scaling", "--tiny", "-o", str(out)],
+            ["study", "004_batch_scaling", "--tiny", "--resume", "-o", str(out)],
             ["profile", "-o", str(out), "--", "sweep", "--world-size", "2"],
         ):
             assert main(argv) == 2, argv
             err = capsys.readouterr().err
             assert err.startswith(busy) and err.endswith("give another -o, or wait for it\n"), err
-        assert list(out.iterdir()) == [] or sorted(p.name for p in out.iterdir()) == ["runs"]
+        assert [p.name for p in out.iterdir()] == ["runs"] and [p.name for p in (out / "runs").iterdir()] == [
+            "progress.jsonl"
+        ]
+        assert progress.read_text() == "not a progress line\n"
     finally:
         holder.kill()
         holder.wait()

@@ -283,8 +283,8 @@ def check_inner(inner: argparse.Namespace, hosts: int) -> None:
         # NCCL refuses inside the ranks; and NCCL between GPUs of one machine goes over NVLink or
         # PCIe, around the shaped links the cluster is for.
         raise ValueError(
-            "the cluster's hosts share this machine's GPUs, and NCCL would carry their traffic around "
-            "the shaped links: give --backend gloo (its ranks share GPU 0)"
+            "every host's rank takes GPU 0 of this machine, which NCCL refuses (and between GPUs of "
+            "one machine it would go around the shaped links): give --backend gloo, whose ranks share it"
         )
     _check_outputs(inner)
     if inner.command in ("train", "compare"):

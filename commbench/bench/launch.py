@@ -47,8 +47,9 @@ _stopping = False  # this rank is being stopped by a signal
 _joined = False  # this rank has joined its group and made its connections
 _node_refusal: str | None = None  # kept by node_checks, said on every rank by check_same_work
 # A rank's error that says it gave up waiting for a peer's message: gloo's "Timed out waiting
-# 15000ms for recv operation to complete" (or send), NCCL's watchdog "collective operation timeout"
-WAITED_OUT = re.compile(r"Timed out waiting \d+ms for (recv|send)|collective operation timeout")
+# 15000ms for recv operation to complete" (or send). NCCL's watchdog aborts the waiting rank
+# (SIGABRT) rather than raising in it, which leaves no such text to read.
+WAITED_OUT = re.compile(r"Timed out waiting \d+ms for (recv|send)")
 
 
 Interrupted = signals.Interrupted  # defined beside the handlers, where code without torch can catch it
@@ -235,8 +236,10 @@ def _rank_main(
                 # freed with the traceback of the error that ended it)
                 sys.unraisablehook = _stop_again_after_finalisers(sys.unraisablehook)
                 result = fn(*args)
-                # for the launcher, should a peer fail later: this rank is not one that hung
-                Path(error_dir, f"rank{os.environ.get('RANK', '?')}.done").touch()
+                # for the launcher, should a peer fail later: this rank is not one that hung (a
+                # hint: a scratch directory gone with its launcher must not fail finished work)
+                with contextlib.suppress(OSError):
+                    Path(error_dir, f"rank{os.environ.get('RANK', '?')}.done").touch()
                 return result
             # Under torchrun or SLURM too: torchrun passes a SIGTERM or SIGHUP on to its ranks, whose
             # default action skipped the finally-blocks (a sweep lost its probe record). This process
@@ -836,7 +839,7 @@ def _method_name(depth: int = 2) -> str:
 
 def _first_failure(exc: Any, error_dir: str, world: int = 0) -> RankFailed:
     """The failure that came first: a rank's own error, not the peers it took down with it. Where
-    that is a rank that gave up waiting for a peer's message (gloo's or NCCL's timeout) and some
+    that is a rank that gave up waiting for a peer's message (gloo's timeout) and some
     of the ``world`` ranks had neither failed nor finished their work, the first of those is
     named: it raised nothing, being hung (stopped, or in a driver's wait)."""
     # A rank that died on its own (an exit code, a crash, SIGKILL) is the likeliest cause: its
