@@ -687,3 +687,31 @@ def test_an_output_directory_another_run_is_writing_is_refused(recorded, tmp_pat
         holder.wait()
     with directory_held(out), directory_held(out):  # this process's own, held twice (a study's report)
         assert main(["report", str(recorded["sweep"]), "-o", str(out)]) == 0
+
+
+def test_a_full_or_read_only_disk_is_said_with_the_file_it_stopped(tmp_path, monkeypatch):
+    """A full disk under a run's records ended it with "OSError: [Errno 28] No space left on
+    device", naming no file; on a read-only file system write_whole's removal of its scratch file
+    raised EROFS over the write's own error, naming the hidden '.NAME.PID.partial'."""
+    import errno
+
+    from commbench.bench.records import RecordWriter, write_whole
+
+    writer = RecordWriter("/dev/full", None)  # every write fails with ENOSPC
+    with pytest.raises(OSError) as full:
+        writer.header({"host": "a"})
+    assert full.value.errno == errno.ENOSPC and full.value.filename == "/dev/full"
+    assert "(the records written before are kept)" in str(full.value)
+    writer.write({"type": "probe"})  # as a rank's finally-blocks do next: nothing, no second error
+    writer.close()
+
+    def read_only(path):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "p.png"))
+
+    def unlink(self, missing_ok=False):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with pytest.raises(OSError) as caught:
+        write_whole(tmp_path / "p.png", read_only)
+    assert caught.value.filename == str(tmp_path / "p.png")

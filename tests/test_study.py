@@ -1167,3 +1167,19 @@ def test_a_hosts_cpu_share_over_too_few_steps_is_not_given():
     assert cpu(slow_first, {"strategy": "ring", "step_time_ms": 60.0}) == pytest.approx(0.015 / 0.06 * 100)
     text = rp.render_markdown(st._host_blocks([{"summary": summary, "run": run(3), "point": []}]))
     assert "| ring | 0 | - | 0.001 | - | 0.1 | - | - |" in text, text
+
+
+def test_a_progress_line_the_disk_cannot_take_is_said_with_the_file(tmp_path, monkeypatch):
+    """A full disk under progress.jsonl ended the study with a bare "[Errno 28] No space left on
+    device" (the full-disk hunt): the error names the file now, and says the runs' records stay."""
+    import errno
+
+    started, execute = _counting({})
+    monkeypatch.setattr(study, "_restart_progress", lambda *args: open("/dev/full", "w"))
+    config = study.StudyConfig(
+        name="001_sync_strategies", scale="tiny", out_dir=str(tmp_path / "s"), quiet=True
+    )
+    with pytest.raises(OSError) as full:
+        study.run_study(config, execute=execute)
+    assert len(started) == 1 and full.value.errno == errno.ENOSPC and full.value.filename == "/dev/full"
+    assert "(the runs' records are kept)" in str(full.value)

@@ -493,7 +493,8 @@ def write_speedscope(stacks: Sequence[tuple[list[str], int]], path: Path, name: 
         "name": name,
         "exporter": "commbench profile",
     }
-    path.write_text(json.dumps(doc))
+    text = json.dumps(doc)
+    write_whole(path, lambda p: p.write_text(text))
 
 
 def write_flamegraph(stacks: Sequence[tuple[list[str], int]], path: Path, title: str) -> None:
@@ -535,11 +536,12 @@ def write_flamegraph(stacks: Sequence[tuple[list[str], int]], path: Path, title:
     for d in range(depth_max[0] + 1):
         y = height - (d + 2) * row
         body = body.replace(f"{{y{d}}}", str(y)).replace(f"{{t{d}}}", str(y + row - 4))
-    path.write_text(
+    svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" '
         f'font-family="monospace" font-size="11">\n<text x="4" y="14">{html.escape(title)} - red: '
         f"communication, green: compute, grey: elsewhere</text>\n{body}\n</svg>\n"
     )
+    write_whole(path, lambda p: p.write_text(svg))
 
 
 # ---- the command ----------------------------------------------------------------------------

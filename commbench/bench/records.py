@@ -266,7 +266,8 @@ def write_whole(path: str | Path, write: Callable[[Path], None]) -> None:
             shutil.copymode(target, scratch)
         os.replace(scratch, target)
     finally:
-        scratch.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only file system: its error, not this one, is said
+            scratch.unlink(missing_ok=True)
 
 
 def check_distinct(**paths: str | None) -> None:
@@ -446,14 +447,36 @@ class RecordWriter:
                 self._json.close()
             raise
         self._csv: csv.DictWriter | None = None
+        self._failed = False  # a write failed (a full disk): the files are closed, nothing more goes
         # Both files regular: a stop waits for a point to be in both. Not where either is a pipe or
         # a terminal, whose write can block for as long as its reader stalls, and a stop must end it.
         self._whole = bool(json_path and csv_path) and not (is_stream(json_path) or is_stream(csv_path))
 
+    @contextlib.contextmanager
+    def _naming(self, f: IO[str]) -> Iterator[None]:
+        """An OSError of a write to ``f`` (a full disk) names the file, which the bare error did
+        not; the records before it are in the files, whole (each line is flushed as written). Both
+        files are closed then, and later writes and the close are nothing: each would fail again,
+        and its bare error would replace this one."""
+        try:
+            yield
+        except OSError as exc:
+            self._failed = True
+            for each in (self._json, self._csv_file):
+                if each is not None:
+                    with contextlib.suppress(OSError):
+                        each.close()
+            if exc.filename is not None:
+                raise
+            raise OSError(
+                exc.errno, f"{exc.strerror} (the records written before are kept)", f.name
+            ) from None
+
     def header(self, info: dict[str, Any]) -> None:
-        if self._json:
-            self._json.write(json.dumps({"type": "header", **info}) + "\n")
-            self._json.flush()
+        if self._json and not self._failed:
+            with self._naming(self._json):
+                self._json.write(json.dumps({"type": "header", **info}) + "\n")
+                self._json.flush()
 
     def write(self, record: Any) -> None:
         """A typed record goes to JSON and CSV; a plain dict (the probe timeline) to JSON only. Where
@@ -468,21 +491,25 @@ class RecordWriter:
             signal.raise_signal(held[0])
 
     def _write(self, record: Any) -> None:
+        if self._failed:
+            return
         row = record if isinstance(record, dict) else dataclasses.asdict(record)
         if self._json:
-            self._json.write(json.dumps(row) + "\n")
-            self._json.flush()
+            with self._naming(self._json):
+                self._json.write(json.dumps(row) + "\n")
+                self._json.flush()
         if self._csv_file and not isinstance(record, dict):
             flat = {k: _csv_cell(v) for k, v in row.items()}
-            if self._csv is None:
-                self._csv = csv.DictWriter(self._csv_file, fieldnames=list(flat))
-                self._csv.writeheader()
-            self._csv.writerow(flat)
-            self._csv_file.flush()
+            with self._naming(self._csv_file):
+                if self._csv is None:
+                    self._csv = csv.DictWriter(self._csv_file, fieldnames=list(flat))
+                    self._csv.writeheader()
+                self._csv.writerow(flat)
+                self._csv_file.flush()
 
     def close(self) -> None:
         for f in (self._json, self._csv_file):
-            if f:
+            if f and not self._failed:
                 f.close()
 
 

@@ -645,8 +645,13 @@ def run_study(
     def keep(o: Outcome) -> None:
         """Its progress line first, and then the report's list: a stop that arrives once the run has
         returned waits for both (``arm.release``)."""
-        progress.write(json.dumps(_progress_line(o, out)) + "\n")
-        progress.flush()
+        try:
+            progress.write(json.dumps(_progress_line(o, out)) + "\n")
+            progress.flush()
+        except OSError as exc:  # a full disk: said with the file, not as a bare errno
+            with contextlib.suppress(OSError):  # closed now: its close would fail again, over this
+                progress.close()
+            raise OSError(exc.errno, f"{exc.strerror} (the runs' records are kept)", progress.name) from None
         outcomes.append(o)
 
     # The handlers first: progress.jsonl is replaced under them, so a stop while it is rewritten
