@@ -48,6 +48,7 @@ def test_sweep_under_torchrun(tmp_path):
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # torchrun's log directories: not left in /tmp
         timeout=240,
     )
     # The ranks' own one-line errors first: torchrun's report of the failure fills the tail.
@@ -219,20 +220,23 @@ def test_only_rank_0_of_a_launched_job_writes_outputs(monkeypatch):
 def test_a_path_that_rank_0_refuses_is_said_by_every_rank_and_ends_the_run(tmp_path):
     """Rank 0 alone writes, so it alone can refuse the path: it refused before joining, and ranks
     on other nodes waited out --timeout for it. Every rank now joins, then says rank 0's refusal."""
+    work, scratch = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir()
+    scratch.mkdir()
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
         + ["-m", "commbench", "sweep", "-b", "4K", "-e", "4K", "-n", "2", "-q", "--json", "nodir/r.jsonl"],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=work,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)},  # torchrun's logs: not in /tmp
         timeout=240,
     )
     said = [line for line in out.stderr.splitlines() if line.startswith("commbench:")]
     assert out.returncode != 0
     line = "commbench: error: cannot write nodir/r.jsonl: directory nodir does not exist (said by rank 0)"
     assert said == [line] * 3, said
-    assert list(tmp_path.iterdir()) == []
+    assert list(work.iterdir()) == []
 
 
 @pytest.mark.parametrize("sig", **stops.one_fast("term"))
