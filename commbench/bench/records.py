@@ -353,11 +353,21 @@ def plots_beside(command: str, plot: str | None, probe: bool) -> list[Path]:
     return beside
 
 
-def _busy(path: str | Path) -> str:
-    return (
-        f"{shown(path)} is being written by another run (it holds the file's lock); "
-        "name another file, or wait for it"
-    )
+def _busy(path: str | Path, what: str = "file", instead: str = "name another file") -> str:
+    held = f"is being written by another run (it holds the {what}'s lock)"
+    return f"{shown(path)} {held}; {instead}, or wait for it"
+
+
+def _free(fd: int, exclusive: bool) -> bool:
+    """Take ``fd``'s lock without waiting; False where another holds it. A file system without
+    locks takes none and answers True: its files are written as before."""
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
 
 
 def check_not_busy(path: str | Path) -> None:
@@ -368,12 +378,8 @@ def check_not_busy(path: str | Path) -> None:
     except OSError:  # not there (nobody writes it) or not readable (said by check_writable)
         return
     try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise ValueError(_busy(path)) from None
-    except OSError:  # a file system without locks
-        pass
+        if stat.S_ISREG(os.fstat(fd).st_mode) and not _free(fd, exclusive=False):
+            raise ValueError(_busy(path))
     finally:
         os.close(fd)
 
@@ -386,13 +392,9 @@ def open_records(path: str, newline: str | None = None) -> IO[str]:
     if is_stream(path):
         return open(path, "w", newline=newline)
     f = open(path, "a", newline=newline)
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not _free(f.fileno(), exclusive=True):
         f.close()
-        raise ValueError(_busy(path)) from None
-    except OSError:  # a file system without locks
-        pass
+        raise ValueError(_busy(path))
     f.truncate(0)
     return f
 
@@ -416,16 +418,9 @@ def directory_held(path: str | Path) -> Iterator[None]:
         except OSError:
             pass
     if fd is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _free(fd, exclusive=True):
             os.close(fd)
-            raise ValueError(
-                f"{shown(path)} is being written by another run (it holds the directory's lock); "
-                "give another -o, or wait for it"
-            ) from None
-        except OSError:
-            pass
+            raise ValueError(_busy(path, "directory", "give another -o"))
         _HELD_DIRS.add(real)
     try:
         yield
