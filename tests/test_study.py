@@ -1,4 +1,4 @@
-"""Every preset in studies/ parses and validates at every scale, and runs at the tiny scale; an
+"""Every preset in commbench/studies/ parses and validates at every scale, and runs at the tiny scale; an
 interrupted run stops the study, and an output directory that cannot be made is bad input."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``commbench study NAME``: re-run a reference study as a list of commbench runs, then report it.
 
-A study is a plain TOML file in ``studies/`` (its stem is its name). It holds shared ``defaults``
+A study is a plain TOML file in ``commbench/studies/`` (its stem is its name). It holds shared ``defaults``
 and ``[[group]]`` tables; each group is one commbench command (sweep, train or compare) with
 ``options`` (command-line flags without the dashes) and a ``grid`` (flag -> list of values) whose
 product gives the group's runs. ``[group.full]`` / ``[group.tiny]`` change options and grid at
@@ -67,8 +67,9 @@ TINY_SWEEP = {"minbytes": "64K", "maxbytes": "256K", "stepfactor": 4, "iters": 2
 
 
 def studies_dir() -> Path:
-    """``studies/`` at the repository root (beside the package)."""
-    return Path(__file__).resolve().parents[2] / "studies"
+    """``commbench/studies/``, shipped inside the package so that an installed commbench (not only a
+    checkout) finds its presets."""
+    return Path(__file__).resolve().parents[1] / "studies"
 
 
 def known_studies(directory: Path | None = None) -> list[str]:
@@ -142,13 +143,14 @@ class Study:
 
 
 def load_study(name: str, directory: Path | None = None) -> Study:
-    """Parse ``studies/NAME.toml``; ValueError names the unknown study or the bad entry. A name is a
-    stem in ``studies/``, not a path: "/tmp/x" once read /tmp/x.toml and named its output study-/tmp/x."""
+    """Parse ``commbench/studies/NAME.toml``; ValueError names the unknown study or the bad entry. A
+    name is a stem in ``commbench/studies/``, not a path: "/tmp/x" once read /tmp/x.toml and named its
+    output study-/tmp/x."""
     directory = directory or studies_dir()
     path, known = directory / f"{name}.toml", known_studies(directory)
     if name not in known or not path.is_file():
         raise ValueError(
-            f"unknown study {name!r} (a file stem in studies/); known: {', '.join(known) or 'none'}"
+            f"unknown study {name!r} (a file stem in commbench/studies/); known: {', '.join(known) or 'none'}"
         )
     try:
         data = tomllib.loads(path.read_text())
@@ -1387,12 +1389,13 @@ def add_parser(sub: Any) -> None:
     """Register ``commbench study`` on the CLI's subparsers."""
     p = sub.add_parser(
         "study",
-        help="re-run a reference study (a preset in studies/) and write its report",
-        description="Run the commbench runs a preset in studies/ lists (sweeps, train, compare over grids of "
-        "model, dataset, batch size and ranks), then write DIR/report.md and DIR/report.html. Default sizes "
-        "finish in minutes on a small CPU machine; --full uses the study's original sizes (GPU clusters).",
+        help="re-run a reference study (a preset in commbench/studies/) and write its report",
+        description="Run the commbench runs a preset in commbench/studies/ lists (sweeps, train, compare "
+        "over grids of model, dataset, batch size and ranks), then write DIR/report.md and DIR/report.html. "
+        "Default sizes finish in minutes on a small CPU machine; --full uses the study's original sizes "
+        "(GPU clusters).",
     )
-    p.add_argument("name", nargs="?", default=None, help="the study (a file stem in studies/)")
+    p.add_argument("name", nargs="?", default=None, help="the study (a file stem in commbench/studies/)")
     p.add_argument(
         "-o",
         "--output",
