@@ -1205,3 +1205,61 @@ def test_a_rank_that_returned_is_not_named_as_the_one_waited_for():
     assert failed.value.rank == 0 and failed.value.detail.startswith("RuntimeError: [unbound_buffer"), str(
         failed.value
     )
+
+
+def _shadow_package(where: Path) -> Path:
+    """A ``commbench`` in ``where`` that leaves a mark when imported, then fails to import."""
+    (where / "commbench").mkdir()
+    (where / "commbench" / "__init__.py").write_text(
+        "import pathlib\n"
+        "pathlib.Path(__file__).with_name('imported').touch()\n"
+        "raise ImportError('the other one')\n"
+    )
+    return where / "commbench" / "imported"
+
+
+def test_ranks_import_commbench_from_where_the_launcher_does_not_from_the_working_directory(tmp_path):
+    """An installed commbench run in a directory holding another ``commbench`` (a checkout) had
+    its ranks import that one: the fork server is a ``python -c``, whose sys.path begins with its
+    working directory. The launcher here has no working directory on sys.path, as the console
+    script has none."""
+    mark = _shadow_package(tmp_path)
+    code = (
+        "import sys\n"
+        "sys.path.remove('')\n"
+        "from commbench.bench import launch\n"
+        "print(sorted(launch.run(launch.external_world_size, (), launch.LaunchSpec(world_size=2))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=_with_project_path(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[0] == "[0, 1]"
+    assert not mark.exists()
+
+
+def test_a_python_m_started_with_the_same_imports_skips_its_working_directory(tmp_path, monkeypatch):
+    """What profile's inner command and the cluster's ranks (``python -m``) are started with:
+    this process's sys.path, the working directory only where this process has it."""
+    mark = _shadow_package(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "commbench", "--help"],
+        cwd=tmp_path,
+        env=starter.same_imports(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage: commbench") and not mark.exists()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", "/a", "rel", "/with:colon", *sys.path])
+    env = starter.same_imports({"KEPT": "yes"})
+    assert env["KEPT"] == "yes" and env["PYTHONSAFEPATH"] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep)[:3] == [str(tmp_path), "/a", str(tmp_path / "rel")]
+    assert "/with:colon" not in env["PYTHONPATH"].split(os.pathsep)

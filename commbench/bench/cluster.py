@@ -327,15 +327,14 @@ COMMAND_ENV = "COMMBENCH_CLUSTER_COMMAND"  # the cluster's command line, for the
 def host_env(
     base: dict[str, str], topo: Topology, i: int, shaping: Shaping, command: str | None = None
 ) -> dict[str, str]:
-    """The environment of host ``i``'s launcher and rank: no outer launcher's variables, one thread,
-    gloo on the host's NIC, the COMMBENCH_* variables the probes read, and the cluster's
-    ``command`` line for the records' header."""
-    import commbench
+    """The environment of host ``i``'s launcher and rank: no outer launcher's variables, this
+    process's imports (:func:`starter.same_imports`), one thread, gloo on the host's NIC, the
+    COMMBENCH_* variables the probes read, and the cluster's ``command`` line for the records'
+    header."""
+    from commbench.bench import starter
 
     outer = launcher_vars(base)
-    env = {k: v for k, v in base.items() if k not in outer}
-    root = str(Path(commbench.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, base.get("PYTHONPATH", "")) if p)
+    env = starter.same_imports({k: v for k, v in base.items() if k not in outer})
     env.update(
         OMP_NUM_THREADS="1",
         GLOO_SOCKET_IFNAME=NIC,

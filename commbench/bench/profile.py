@@ -277,7 +277,10 @@ def profile_command(
 
     # The descriptors this command was given, which its --json /dev/fd/N may name (Popen closes the rest)
     inner = subprocess.Popen(
-        command, start_new_session=True, pass_fds=sorted(given_descriptors() - {0, 1, 2})
+        command,
+        start_new_session=True,
+        pass_fds=sorted(given_descriptors() - {0, 1, 2}),
+        env=starter.same_imports(os.environ),
     )
     top = psutil.Process(inner.pid)
     recorders: dict[int, _Recorder] = {}

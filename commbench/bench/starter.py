@@ -36,7 +36,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from multiprocessing import connection, forkserver, util
 from pathlib import Path
 from typing import Any
@@ -127,8 +127,38 @@ def start() -> None:
     # starts too and which, killed by it, was relaunched and printed a traceback per semaphore.
     if _server_pid() is None or server_gone():
         _check_socket_path()
-    with _ignored((signal.SIGINT, signal.SIGHUP)), _delivered(signal.SIGCHLD):
+    with _ignored((signal.SIGINT, signal.SIGHUP)), _delivered(signal.SIGCHLD), _environment(same_imports({})):
         forkserver.ensure_running()
+
+
+def same_imports(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with PYTHONPATH and PYTHONSAFEPATH set so that a Python started with it imports
+    modules from where this process does, in the same order.
+
+    ``python -c`` (the fork server) and ``python -m`` (profile's inner command, the cluster's
+    ranks) put their working directory first on sys.path. An installed commbench run from a
+    directory holding another ``commbench`` (a checkout) had its ranks run that one: the
+    launcher's code with the checkout's ranks. Entries with the path separator in them cannot be
+    written in PYTHONPATH and are left out."""
+    entries = (os.path.abspath(p) if p else os.getcwd() for p in sys.path)
+    path = os.pathsep.join(p for p in entries if os.pathsep not in p)
+    return {**env, "PYTHONPATH": path, "PYTHONSAFEPATH": "1"}
+
+
+@contextlib.contextmanager
+def _environment(changes: Mapping[str, str]) -> Iterator[None]:
+    """This process's environment with ``changes`` in the block (for the processes it starts
+    there), as it was after. A rank gets the launcher's back (:func:`take_environment`)."""
+    before = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class TempDirTooLong(ValueError):
