@@ -297,6 +297,7 @@ def _validation(case: dict[str, Any]) -> dict[str, str]:
         "unsupported dtype": lambda: comm.all_reduce(torch.ones(4, dtype=torch.complex64)),
         "gather output size": lambda: comm.all_gather(torch.empty(4 * world + 1), torch.ones(4)),
         "scatter input size": lambda: comm.reduce_scatter(torch.empty(4), torch.ones(4 * world - 1)),
+        "scatter one tensor twice": lambda: comm.reduce_scatter(*[torch.ones(4)] * 2),
         "dtype mismatch": lambda: comm.all_gather(torch.empty(4 * world, dtype=torch.float64), torch.ones(4)),
         "root out of range": lambda: comm.broadcast(torch.ones(4), src=world),
         "root a float": lambda: comm.broadcast(torch.ones(4), src=0.0),

@@ -116,10 +116,12 @@ def _check_pair(output: torch.Tensor, input: torch.Tensor, factor: int, what: st
             f"output ({output.dtype}, {output.device}) and input ({input.dtype}, "
             f"{input.device}) must share dtype and device"
         )
-    big, small = (output, input) if what == "all_gather" else (input, output)
+    (big_name, big), small = (
+        (("output", output), input) if what == "all_gather" else (("input", input), output)
+    )
     if big.numel() != factor * small.numel():
         raise ValueError(
-            f"{what}: {'output' if big is output else 'input'} must have world_size x "
+            f"{what}: {big_name} must have world_size x "
             f"{small.numel()} = {factor * small.numel()} elements, got {big.numel()}"
         )
 
