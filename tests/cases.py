@@ -580,6 +580,42 @@ def _signed_zeros(case: dict[str, Any]) -> dict[str, int]:
     return out
 
 
+def _nans(case: dict[str, Any]) -> list[str]:
+    """max and min with NaNs on some ranks: each hand-written algorithm gives NaN at every element
+    where any rank holds one, on every rank that gets the result (gloo's own keeps or drops a NaN
+    by its rank and place in gloo's ring, so it is not the reference here)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    per_rank = 3 * (world + 1) + 1  # elements of each rank's share: every pattern, an odd count
+    place = torch.arange(world * per_rank)
+    nan_at = place % (world + 1) < world  # rank r holds a NaN where place % (world + 1) == r
+    failures = []
+    for name in ("all_reduce", "reduce", "reduce_scatter"):
+        for op, pick in (("max", torch.amax), ("min", torch.amin)):
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                values = torch.stack([(place % 97 + 3 * r).to(dtype) for r in range(world)])
+                expected = torch.where(nan_at, torch.nan, pick(values, dim=0)).to(dtype)
+                mine = torch.where(place % (world + 1) == rank, torch.nan, values[rank]).to(dtype)
+                for algorithm in comm.ALGORITHMS[name]:
+                    if algorithm == "builtin":
+                        continue
+                    tensor = mine.clone()
+                    if name == "all_reduce":
+                        comm.all_reduce(tensor, op, algorithm)
+                        got, want = tensor, expected
+                    elif name == "reduce":
+                        comm.reduce(tensor, world - 1, op, algorithm)
+                        got, want = (tensor, expected) if rank == world - 1 else (tensor, mine)
+                    else:
+                        got = torch.empty(per_rank, dtype=dtype)
+                        comm.reduce_scatter(got, tensor, op, algorithm)
+                        want = expected[rank * per_rank : (rank + 1) * per_rank]
+                    if not torch.equal(got.isnan(), want.isnan()) or not torch.equal(
+                        got.nan_to_num(), want.nan_to_num()
+                    ):
+                        failures.append(f"{name} {algorithm} {op} {dtype} on rank {rank}")
+    return failures
+
+
 def _subgroups_of_two(case: dict[str, Any]) -> dict[str, Any]:
     """Hand-written calls on two overlapping 2-rank subgroups of three ranks, then a group of all
     three made and used: groups made by some ranks only would leave torch's count of groups
@@ -863,6 +899,7 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "threads_first_calls": _threads_first_calls,
         "subgroups_of_two": _subgroups_of_two,
         "signed_zeros": _signed_zeros,
+        "nans": _nans,
         "plan_reuse": _plan_reuse,
         "congestion": _congestion,
         "freed": _freed,

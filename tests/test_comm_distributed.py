@@ -387,6 +387,11 @@ def test_every_rank_ends_with_the_same_bits_for_max_and_min_of_signed_zeros(worl
         assert len({r[key] for r in results}) == 1, (key, [r[key] for r in results])
 
 
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_max_and_min_give_nan_wherever_any_rank_holds_one(worlds, world_size):
+    assert worlds(world_size).run(("nans", {})) == [[]] * world_size
+
+
 def test_two_rank_subgroups_leave_later_groups_creatable(worlds):
     results = worlds(3).run(("subgroups_of_two", {}))
     assert results == [
