@@ -124,6 +124,15 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_version_is_said_as_argparse_says_it(capsys):
+    import commbench
+
+    with pytest.raises(SystemExit) as ended:
+        main(["--version"])
+    assert ended.value.code == 0
+    assert capsys.readouterr().out == f"commbench {commbench.__version__}\n"
+
+
 @pytest.mark.parametrize(
     "name, value",
     [

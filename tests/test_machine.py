@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
+import commbench
 from commbench.bench import machine, reporting
 
 
@@ -64,6 +65,7 @@ def test_an_installed_copy_inside_another_repository_has_no_commit(tmp_path):
 
 def test_the_header_and_the_report_say_when_the_code_was_modified():
     info = machine.machine_info("gloo")
+    assert info["commbench"] == commbench.__version__  # what names the code where there is no commit
     assert (info["commit"], info["commit_modified"]) == machine.git_commit()
     if (machine.CHECKOUT / ".git").exists():  # the tests run from a checkout: its HEAD, not None
         assert info["commit"] == _git(machine.CHECKOUT, "rev-parse", "HEAD")
@@ -71,7 +73,12 @@ def test_the_header_and_the_report_say_when_the_code_was_modified():
         reporting.Run(
             path=f"{modified}.jsonl",
             label=str(modified),
-            header={"type": "header", "commit": "0123456789abcdef", "commit_modified": modified},
+            header={
+                "type": "header",
+                "commbench": "9.9",
+                "commit": "0123456789abcdef",
+                "commit_modified": modified,
+            },
             sweeps=(),
             epochs=(),
             summaries=(),
@@ -82,6 +89,7 @@ def test_the_header_and_the_report_say_when_the_code_was_modified():
     ]
     text = reporting.render_markdown(reporting.machine_section(runs))
     assert "| commit | 0123456789ab | 0123456789ab (modified) |" in text, text
+    assert "| commbench | 9.9 | 9.9 |" in text, text
 
 
 def _nvml(fail: str):

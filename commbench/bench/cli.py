@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import commbench
 from commbench.bench.records import escape_breaks, file_stamp, input_path, output_path
 from commbench.units import amount, rank_count
 from commbench.units import size_argument as _size
@@ -155,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="commbench",
         description="Measure the communication of distributed deep learning, from the wire up.",
     )
+    parser.add_argument("--version", action="version", version=f"commbench {commbench.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     sweep = sub.add_parser(

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+import commbench
 from commbench import comm
 from commbench.comm import p2p, tcp
 
@@ -162,8 +163,9 @@ def _duplex() -> bool | str:
 
 
 def machine_info(backend: str | None = None, command: str | None = None) -> dict[str, Any]:
-    """Hostname, CPU, library versions, GPUs, commit and command line of this run (``command``, as
-    :func:`command_line` gave it in the process that parsed it; by default this process's own)."""
+    """Hostname, CPU, library versions, GPUs, commbench's version and commit, and the command line
+    of this run (``command``, as :func:`command_line` gave it in the process that parsed it; by
+    default this process's own)."""
     import psutil
 
     nccl = None
@@ -190,6 +192,7 @@ def machine_info(backend: str | None = None, command: str | None = None) -> dict
         "tcp_notsent_lowat": tcp.notsent_summary(),
         "gloo_cuda_host_copies_from": _host_copies_from(),
         "gloo_duplex": _duplex(),
+        "commbench": commbench.__version__,  # an installed commbench has no commit to record
         "commit": commit,
         "commit_modified": modified,
         "command": command_line() if command is None else command,

@@ -49,6 +49,7 @@ MACHINE_FIELDS = (
     ("nccl", "NCCL"),
     ("cuda", "CUDA"),
     ("gpus", "GPUs"),
+    ("commbench", "commbench"),
     ("commit", "commit"),
     ("link_rate_gbps", "link rate (Gbit/s)"),
 )

@@ -32,7 +32,7 @@ def pytest_collection_finish(session):
 # What differs from run to run on one machine, or between commits: in machine_info, every
 # --benchmark-compare warned "Benchmark machine_info is different" (pytest-benchmark keeps the
 # commit in commit_info), hiding a real change of machine.
-NOT_THE_MACHINE = ("command", "commit", "commit_modified")
+NOT_THE_MACHINE = ("command", "commbench", "commit", "commit_modified")
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
