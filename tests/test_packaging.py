@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -84,3 +85,37 @@ def test_a_wheel_built_from_the_tree_holds_every_file_and_finds_its_studies(tmp_
     assert Path(where).is_relative_to(tmp_path / "installed")
     assert names.split() == sorted(p.stem for p in (ROOT / "commbench" / "studies").glob("*.toml"))
     assert len(names.split()) == 5
+
+
+def test_an_sdist_holds_the_tests_and_what_readme_sends_a_reader_to(tmp_path):
+    """The sdist had only setuptools' default picks: tests/test_*.py without tests/__init__.py or
+    the helpers they import, so its tests could not be collected, and no Makefile or pins for
+    README's first two commands."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("commbench", "tests", "docs/example-report"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.cfg", "pyproject.toml", "README.md", "MANIFEST.in", "Makefile", "constraints.txt"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copy(ROOT / "docs" / "PERFORMANCE.md", src / "docs" / "PERFORMANCE.md")
+    code = "from setuptools import build_meta; print(build_meta.build_sdist('dist'))"
+    built = subprocess.run([sys.executable, "-c", code], cwd=src, capture_output=True, text=True, timeout=240)
+    assert built.returncode == 0, built.stderr
+    with tarfile.open(src / "dist" / built.stdout.split()[-1]) as tf:
+        held = {name.split("/", 1)[1] for name in tf.getnames() if "/" in name}
+    wanted = [
+        str(p.relative_to(ROOT))
+        for top in ("tests", "commbench", "docs/example-report")
+        for p in (ROOT / top).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    ]
+    wanted += [
+        "Makefile",
+        "constraints.txt",
+        "docs/PERFORMANCE.md",
+        "README.md",
+        "setup.cfg",
+        "pyproject.toml",
+    ]
+    assert [f for f in wanted if f not in held] == []
+    assert not [f for f in held if f.startswith("docs/perf/")]
