@@ -453,6 +453,20 @@ def test_summary_prints_ratio_tables(recorded_sweep, capsys):
     assert closing[1] == "- " + _mean_busbw_line(records)
 
 
+def test_the_summaries_pasted_in_the_performance_notes_are_what_summary_prints(capsys, monkeypatch):
+    """docs/PERFORMANCE.md quotes summary's output for its recorded sweeps; headings and closing
+    lines that summary had since gained were missing there."""
+    root = Path(__file__).resolve().parents[1]
+    notes = (root / "docs" / "PERFORMANCE.md").read_text()
+    pasted = re.findall(r"^### (docs/perf/[\w./-]+\.jsonl):", notes, flags=re.M)
+    assert len(pasted) >= 6
+    monkeypatch.chdir(root)
+    for path in pasted:
+        assert main(["summary", path]) == 0
+        printed = capsys.readouterr().out.rstrip("\n")
+        assert printed in notes, path
+
+
 def test_a_reader_that_leaves_early_ends_the_output_without_a_traceback(recorded_sweep):
     # Enough tables to overflow the pipe after the reader has gone, as in `... | head -1`.
     files = [str(recorded_sweep.json)] * 300
