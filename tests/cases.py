@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import socket
@@ -160,6 +161,37 @@ def _wire_bytes(case: dict[str, Any]) -> tuple[int, int]:
     if spec.wrong(b, "sum", rank, world, case["root"]):
         raise AssertionError(f"{case['collective']}/{case['algorithm']} went wrong on rank {rank}")
     return sent1 - sent0, received1 - received0
+
+
+def _sweep_arithmetic(case: dict[str, Any]) -> list[dict[str, Any]]:
+    """One size of an all_reduce sweep (builtin, naive and the limit) whose calls take set times:
+    the k-th timed call of a series takes ``TIMES_US[series][k]`` on every rank, and rank 1's
+    check finds 3 wrong elements in naive. Returns each record's fields."""
+    from commbench.bench import sweep
+
+    spec, limit_spec = SPECS["all_reduce"], SPECS["sendrecv"]
+    ran: list[str] = []
+    calls: dict[str, int] = {}
+    real_run, real_limit_run, real_wrong = spec.run, limit_spec.run, spec.wrong
+
+    def timed(self: Any, fn: Callable[[], None]) -> float:
+        fn()
+        k = calls[ran[-1]] = calls.get(ran[-1], -1) + 1
+        return case["times_us"][dist.get_rank()][ran[-1]][k] / 1e6
+
+    spec.run = lambda b, algo, *a: ran.append(algo) or real_run(b, algo, *a)
+    limit_spec.run = lambda b, algo, *a: ran.append(algo) or real_limit_run(b, algo, *a)
+    spec.wrong = lambda b, op, r, *a: 3 if r == 1 and ran[-1] == "naive" else real_wrong(b, op, r, *a)
+    real_time, sweep._Timer.time = sweep._Timer.time, timed
+    try:
+        config = sweep.SweepConfig(
+            algorithms=("builtin", "naive"), min_bytes=1024, max_bytes=1024, iters=3, warmup=0, probe=False
+        )
+        records = sweep.run_rank(config, "cpu", lambda kind, payload: None)
+    finally:
+        spec.run, limit_spec.run, spec.wrong = real_run, real_limit_run, real_wrong
+        sweep._Timer.time = real_time
+    return [dataclasses.asdict(r) for r in records]
 
 
 def _sweep_priced(case: dict[str, Any]) -> list[int]:
@@ -909,6 +941,7 @@ def run_case(case: tuple[str, dict[str, Any]]) -> Any:
         "ring_messages": _ring_messages,
         "wire_bytes": _wire_bytes,
         "sweep_priced": _sweep_priced,
+        "sweep_arithmetic": _sweep_arithmetic,
         "per_device_group": _per_device_group,
         "wire_faults": _wire_faults,
     }[kind](body)

@@ -848,3 +848,32 @@ def test_an_all_gather_output_left_unwritten_is_wrong_on_every_rank(rank, in_pla
     # in place the rank's own part is its input, which the check's copy fills
     assert spec.wrong(b, None, rank, world, 0) == (world - in_place) * m
     assert torch.equal(b.output[rank * m : (rank + 1) * m], b.reference) == in_place
+
+
+def test_a_points_figures_come_from_the_slowest_ranks_median_and_every_ranks_check(worlds):
+    """At 2 ranks, where an all_reduce's and a send/recv's bus factors are 1: the time of an
+    iteration is the slower rank's, a point's time is the median over its iterations (not the
+    mean), bandwidths are bytes over that time, the ratios divide those bandwidths, and the wrong
+    elements found by any rank are counted (rank 1's alone here)."""
+    times_us = {
+        0: {"builtin": [1, 2, 6], "naive": [4, 8, 8], "p2p": [2, 4, 8]},
+        1: {"builtin": [3, 1, 1], "naive": [4, 8, 8], "p2p": [2, 4, 8]},
+    }
+    results = worlds(2).run(("sweep_arithmetic", {"times_us": times_us}))
+    assert results[0] == results[1]
+    got = {r["algorithm"]: r for r in results[0]}
+    assert sorted(got) == ["builtin", "naive", "p2p"]
+    # builtin: the slower rank's iterations are 3, 2 and 6 us (each rank's median is 2 and 1)
+    assert got["builtin"]["time_us"] == pytest.approx(3) and got["builtin"]["time_us_mean"] == pytest.approx(
+        11 / 3
+    )
+    assert (got["naive"]["time_us"], got["p2p"]["time_us"]) == (pytest.approx(8), pytest.approx(4))
+    for name, us in (("builtin", 3), ("naive", 8), ("p2p", 4)):
+        assert got[name]["algbw_gbps"] == pytest.approx(1024 / us / 1e3), name
+        assert got[name]["busbw_gbps"] == pytest.approx(1024 / us / 1e3), name
+        assert got[name]["limit_busbw_gbps"] == pytest.approx(1024 / 4 / 1e3), name
+    assert got["naive"]["busbw_ratio_to_builtin"] == pytest.approx(3 / 8)
+    assert got["builtin"]["busbw_ratio_to_builtin"] == pytest.approx(1)
+    assert got["builtin"]["frac_of_limit"] == pytest.approx(4 / 3)
+    assert got["naive"]["frac_of_limit"] == pytest.approx(4 / 8)
+    assert (got["builtin"]["wrong"], got["naive"]["wrong"], got["p2p"]["wrong"]) == (0, 3, 0)
