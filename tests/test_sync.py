@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -408,3 +409,54 @@ def test_buffers_over_the_same_memory_are_broadcast_once(monkeypatch) -> None:
     model.register_buffer("part", shared[1:3])  # over part of it: refused, not written twice
     with pytest.raises(ValueError, match="has elements over one another or over an earlier"):
         grad_sync.before_forward()
+
+
+class _TimedStub(sync.GradSync):
+    """A sync with communication at set places: 20 ms before forward (as ddp's buffer broadcast),
+    and 50 ms in the hook of the step's last gradient, after the trainer's own hook has stamped
+    that gradient (as a sync that waits at the end of backward)."""
+
+    def __init__(self, clock: Clock, params: list[nn.Parameter]) -> None:
+        super().__init__(clock)
+        self.left = 0
+        self.count = len(params)
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._grad)
+
+    def _timed(self, seconds: float) -> None:
+        start = self.clock.stamp()
+        time.sleep(seconds)
+        self._record(start, self.clock.stamp())
+
+    def before_forward(self) -> None:
+        self._timed(0.02)
+
+    def before_backward(self) -> None:
+        self.left = self.count
+
+    def _grad(self, param: torch.Tensor) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self._timed(0.05)
+
+
+def test_a_steps_communication_is_hidden_only_within_backward_and_exposed_from_the_last_gradient():
+    """Communication before forward is not hidden by backward (the window once began at the
+    step's start), and what follows the last gradient's stamp is exposed, though backward has not
+    returned yet (exposed time was once counted from backward's return)."""
+    from commbench.trainers.loop import PHASES, TrainConfig, Trainer
+
+    trainer = Trainer(
+        TrainConfig(strategies=("none",), evaluate=False, probe=False),
+        "none",
+        (1, 8, 8),
+        torch.device("cpu"),
+        4,
+    )
+    trainer.sync = _TimedStub(trainer.clock, trainer.params)
+    trainer.step(torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,)), 0.0)
+    row = dict(zip(PHASES, trainer.times[-1], strict=True))
+    assert row["comm"] >= 0.07
+    assert row["hidden_comm"] == 0.0
+    assert row["exposed_comm"] >= 0.05
+    assert row["forward"] >= 0.02
