@@ -46,6 +46,19 @@ def test_buckets_cover_every_parameter_once(numels: list[int], cap: int, first: 
             assert b.size_bytes >= limit
 
 
+def test_a_bucket_closes_when_it_reaches_its_cap_exactly() -> None:
+    """DDP closes a bucket once its size reaches the cap, not only once it passes it: four float32
+    parameters of one element (4 bytes each) under caps of 8 bytes go two by two, the last
+    registered first. A mutant closing a bucket only once it passed its cap went unnoticed: it
+    put parameters 3, 2 and 1 together (12 bytes) and 0 alone."""
+    buckets = assign_buckets([1, 1, 1, 1], 4, cap_bytes=8, first_cap_bytes=8)
+    assert [b.params for b in buckets] == [(3, 2), (1, 0)]
+    assert [b.size_bytes for b in buckets] == [8, 8]
+    # the first bucket's own cap, reached exactly by one parameter: that one alone
+    buckets = assign_buckets([1, 1, 1, 1], 4, cap_bytes=8, first_cap_bytes=4)
+    assert [b.params for b in buckets] == [(3,), (2, 1), (0,)]
+
+
 def test_bad_caps_rejected() -> None:
     with pytest.raises(ValueError, match="caps"):
         assign_buckets([1], 4, cap_bytes=0)
@@ -58,6 +71,9 @@ def test_syncs_and_grad_bytes_count_the_steps_the_loader_runs() -> None:
     assert syncs_per_epoch(60000, 1024, 4, None) == 14
     assert syncs_per_epoch(1000, 64, 2, None) == 7  # 8 counted, 7 run: grad bytes 14% over
     assert syncs_per_epoch(60000, 1024, 4, 10) == 10
+    # a bound above the syncs changes nothing: 1000 // 2 = 500 samples a rank, 7 whole batches of 64
+    assert syncs_per_epoch(1000, 64, 2, 100) == 7
+    assert syncs_per_epoch(1000, 64, 2, 7) == 7
     assert grad_bytes_per_epoch(119586826, 4, 14) == 119586826 * 4 * 14
     with pytest.raises(ValueError):
         syncs_per_epoch(10, 0, 1, None)

@@ -304,3 +304,53 @@ def test_a_rings_receive_slots_stay_within_the_look_ahead_bytes_however_large_th
 def test_small_segments_keep_the_full_look_ahead():
     assert look_ahead(2 << 20) == RECV_AHEAD
     assert look_ahead(16 << 20) == RECV_AHEAD_BYTES // (16 << 20)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 6, 7, 8])
+def test_recursive_doubling_pays_two_steps_to_fold_a_world_that_is_no_power_of_two(world):
+    """rd exchanges the whole vector log2(p) times over the power-of-two core p; where n is not a
+    power of two the first 2(n - p) ranks fold into their neighbours before (one whole message)
+    and get the result back after (one more): log2(p) + 2 steps, not + 1 (a mutant pricing the
+    fold as one step went unnoticed). Every message of rd is the whole vector, so the busiest
+    path carries steps x size bytes."""
+    size = 1000 * 4
+    core = 1 << (world.bit_length() - 1)  # the largest power of two <= world
+    rounds = {2: 1, 4: 2, 8: 3}[core]
+    fold = 0 if world == core else 2
+    c = cost("all_reduce", "rd", world, 1000, 4)
+    assert c.steps == rounds + fold
+    assert c.critical_bytes == (rounds + fold) * size
+    if fold:  # a folded-in rank sends its vector once and gets the result once, nothing else
+        assert c.sent_bytes[0] == c.recv_bytes[0] == size
+
+
+@pytest.mark.parametrize(
+    "world, count, expected",
+    [
+        # 4 ranks, 4000 float32: chunks of 1000 elements (4000 bytes); reduce-scatter 3 chunks
+        # around the ring, then 3 chunks into the root: 2 x 3 x 4000 bytes, no tail
+        (4, 4000, 2 * 3 * 4000),
+        # 4003 elements: the same body, and 3 leftover elements (12 bytes) up a binomial tree of
+        # 2 rounds (ceil(log2 4)): 24000 + 2 x 12
+        (4, 4003, 2 * 3 * 4000 + 2 * 12),
+        # 3 ranks, 3002 elements: chunks of 1000, 2 x 2 x 4000, then 2 elements (8 bytes) over
+        # ceil(log2 3) = 2 rounds
+        (3, 3002, 2 * 2 * 4000 + 2 * 8),
+        # fewer elements than ranks: the tree alone, 3 rounds at 8 ranks of 5 x 4 bytes
+        (8, 5, 3 * 5 * 4),
+    ],
+)
+def test_ring_reduce_critical_bytes_are_the_reduce_scatter_then_the_gather_to_the_root(
+    world, count, expected
+):
+    """The ring reduce is a reduce-scatter of world x (count // world) elements (n - 1 chunks
+    along each link, one after another) and then every rank's reduced chunk sent to the root
+    (n - 1 chunks into the root's one link): 2 (n - 1) chunks in sequence, plus the leftover
+    elements' tree rounds. A mutant dropping the 2 (pricing the gather as free) went unnoticed."""
+    c = cost("reduce", "ring", world, count, 4)
+    assert c.critical_bytes == expected
+    # the root's inbound link carries all of the body in sequence: what it receives of it
+    body = world * (count // world)
+    if body:
+        root_body = c.recv_bytes[0] - cost("reduce", "ring", world, count - body, 4).recv_bytes[0]
+        assert root_body == 2 * (world - 1) * (count // world) * 4

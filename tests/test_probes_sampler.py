@@ -164,6 +164,86 @@ def test_a_32_bit_counter_that_went_back_further_than_its_link_allows_was_reset(
     assert point.gpus[0].pcie_tx_bytes == 150 + 4_999_950 + 2000  # the 1 kB before it is lost
 
 
+def test_a_wrap_within_the_links_margin_counts_and_one_past_it_is_a_reset():
+    """Link maxima are believed with a 5% margin (clocks and counters are not exact): at 1e9 B/s
+    a 0.1 s gap may carry up to 1.05e8 bytes, so a wrap of 1.03e8 counts and one of 1.06e8 is a
+    reset. A mutant judging by the bare maximum (1e8) went unnoticed."""
+    from commbench.probes.nvml import Counter
+    from commbench.probes.sampler import _Accumulator
+
+    wrap = 1 << 32
+    for delta, counted in ((103_000_000, True), (106_000_000, False)):
+        acc = _Accumulator(max_bytes_per_s=1e9)
+        start = wrap - 1000
+        acc.update(Counter(value=start, unit_bytes=1, wrap=wrap), 10.0)
+        acc.update(Counter(value=(start + delta) % wrap, unit_bytes=1, wrap=wrap), 10.1)
+        if counted:
+            assert (acc.total, acc.resets, acc.now()) == (delta, 0, delta)
+        else:
+            assert (acc.total, acc.resets, acc.now()) == (0, 1, None)
+
+
+def _estimated(t_s: float, rate: float):
+    """A tick whose one GPU's PCIe rates are the NVML estimate, ``rate`` bytes/s each way."""
+    from commbench.probes.sampler import GpuSample, Sample
+
+    gpu = GpuSample(
+        index=0,
+        gpu_util_pct=None,
+        mem_util_pct=None,
+        memory_used_bytes=None,
+        sm_clock_mhz=None,
+        mem_clock_mhz=None,
+        power_w=None,
+        pcie_generation=None,
+        pcie_width=None,
+        pcie_tx_bytes_per_s=rate,
+        pcie_rx_bytes_per_s=rate,
+        pcie_rate_source=ESTIMATE_SOURCE,
+        nvlink_tx_bytes_per_s=None,
+        nvlink_rx_bytes_per_s=None,
+    )
+    return Sample(
+        t_s=t_s,
+        cpu_user_pct=None,
+        cpu_system_pct=None,
+        process_cpu_pct=None,
+        rss_bytes=0,
+        nic_tx_bytes_per_s=None,
+        nic_rx_bytes_per_s=None,
+        gpus=(gpu,),
+    )
+
+
+def test_estimated_phase_bytes_take_the_ticks_after_its_start_up_to_its_end():
+    """A tick's rate is over the interval that ends at it, so a phase from 1.0 s to 2.0 s takes the
+    tick at 2.0 s (10 B/s) and not the one at 1.0 s (100 B/s), which is the interval before:
+    10 bytes, not the 55 of both averaged (a mutant taking the tick at the start went
+    unnoticed)."""
+    from commbench.probes.sampler import GpuTotals, Marker, Timeline
+
+    def marker(label: str, t_s: float) -> Marker:
+        no_counters = GpuTotals(
+            index=0, pcie_tx_bytes=None, pcie_rx_bytes=None, nvlink_tx_bytes=None, nvlink_rx_bytes=None
+        )
+        return Marker(label=label, t_s=t_s, nic_tx_bytes=None, nic_rx_bytes=None, gpus=(no_counters,))
+
+    tl = Timeline(
+        interval_s=1.0,
+        nic=None,
+        wall_s=3.0,
+        sampler_cpu_s=0.0,
+        overhead_core_fraction=0.0,
+        devices=(),
+        samples=(_estimated(0.5, 1000.0), _estimated(1.0, 100.0), _estimated(2.0, 10.0)),
+        markers=(marker("a", 1.0), marker("b", 2.0)),
+        notes=(),
+    )
+    (g,) = tl.phase_bytes("a", "b").gpus
+    assert g.pcie_source == ESTIMATE_SOURCE
+    assert (g.pcie_tx_bytes, g.pcie_rx_bytes) == (10.0, 10.0)
+
+
 def test_note_when_a_32_bit_counter_could_wrap_twice_in_a_tick():
     """63 GB/s (gen5 x16) for 0.1 s is 6.3 GB, more than 2^32: say so with the numbers."""
     nvml = Nvml.open(FakeNvmlModule([FakeDevice()]))

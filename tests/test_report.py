@@ -583,6 +583,31 @@ def test_a_stop_signal_between_the_json_and_the_csv_waits_for_both(tmp_path):
     assert len((tmp_path / "r.csv").read_text().splitlines()) == 2  # its header and the point
 
 
+def test_each_record_is_on_disk_in_both_files_before_the_writer_closes(tmp_path):
+    """Records are flushed as they are written, so a run that dies (SIGKILL, out of memory) keeps
+    every finished point: the CSV row as well as the JSON line, read back while the writer is
+    still open. A mutant that left the CSV row in its buffer went unnoticed."""
+    import dataclasses
+
+    from commbench.bench.records import RecordWriter
+
+    @dataclasses.dataclass
+    class Point:
+        size_bytes: int
+        time_us: float
+
+    json_path, csv_path = tmp_path / "r.jsonl", tmp_path / "r.csv"
+    writer = RecordWriter(str(json_path), str(csv_path))
+    try:
+        writer.write(Point(size_bytes=4, time_us=1.5))
+        assert json_path.read_text().splitlines() == ['{"size_bytes": 4, "time_us": 1.5}']
+        assert csv_path.read_text().splitlines() == ["size_bytes,time_us", "4,1.5"]
+        writer.write(Point(size_bytes=8, time_us=2.5))
+        assert csv_path.read_text().splitlines()[1:] == ["4,1.5", "8,2.5"]
+    finally:
+        writer.close()
+
+
 def test_a_plot_without_an_importable_matplotlib_is_one_line(monkeypatch):
     import sys
 

@@ -73,3 +73,28 @@ def test_the_hidden_share_is_hidden_over_all_communication_of_every_step():
     assert hidden_fraction(times) == pytest.approx(0.1)
     assert hidden_fraction(torch.tensor([step(0.0, 0.0)])) is None  # no communication timed
     assert hidden_fraction(torch.empty(0, len(PHASES))) is None
+
+
+def test_union_length_counts_each_stretch_once():
+    """The length covered by intervals: overlaps once, one inside another once, gaps not at all,
+    in whatever order they come."""
+    assert timing.union_length([(0.0, 2.0), (1.0, 3.0)]) == 3.0  # overlapping: [0, 3]
+    assert timing.union_length([(0.0, 5.0), (1.0, 2.0)]) == 5.0  # the second inside the first
+    assert timing.union_length([(0.0, 1.0), (2.0, 3.0)]) == 2.0  # apart: the gap not counted
+    assert timing.union_length([(0.0, 1.0), (1.0, 2.0)]) == 2.0  # end to end
+    assert timing.union_length([(1.0, 3.0), (0.0, 2.0)]) == 3.0  # out of order
+    assert timing.union_length([(4.0, 6.0), (0.0, 1.0), (0.5, 5.0)]) == 6.0  # chained, unsorted
+    assert timing.union_length([(1.0, 2.0), (1.0, 2.0)]) == 1.0  # the same one twice
+    assert timing.union_length([]) == 0.0
+    assert timing.union_length(iter([(0.0, 2.0), (1.0, 3.0)])) == 3.0  # any iterable
+
+
+def test_overlap_length_is_the_union_clipped_to_the_window():
+    """Each interval is cut to the window before the union is taken; those outside it, or only
+    touching its edge, add nothing."""
+    assert timing.overlap_length([(0.0, 4.0), (3.0, 6.0)], (1.0, 5.0)) == 4.0  # [1, 4] and [3, 5]
+    assert timing.overlap_length([(0.0, 10.0)], (2.0, 3.0)) == 1.0  # the window inside an interval
+    assert timing.overlap_length([(0.0, 1.0), (5.0, 6.0)], (1.0, 5.0)) == 0.0  # touching its edges only
+    assert timing.overlap_length([(0.0, 4.0), (6.0, 7.0)], (1.0, 5.0)) == 3.0  # one wholly past it
+    assert timing.overlap_length([(2.0, 3.0), (0.0, 2.5)], (1.0, 5.0)) == 2.0  # out of order: [1, 3]
+    assert timing.overlap_length([], (0.0, 1.0)) == 0.0

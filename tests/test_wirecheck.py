@@ -78,6 +78,44 @@ def test_small_transfers_say_why_they_may_miss():
     assert not c.within_tolerance and "below 1 MiB" in c.flag
 
 
+def test_the_tolerance_is_a_fraction_of_the_expected_ratio():
+    """Ethernet allows 4% of the expected 1514/1448 either way, about 0.0418 in the ratio, not 0.04
+    (a mutant taking the tolerance as an absolute difference went unnoticed): a ratio just inside
+    want x 1.04 is within, just past it is flagged, and the same below."""
+    computed = 100 * MIB
+    want = 1514 / 1448  # MTU 1500: frame bytes over TCP payload bytes of a full segment
+    tol = 0.04
+    for side in (1, -1):
+        inside = compare(computed, round(computed * want * (1 + side * tol * 0.999)), 0, "ethernet")
+        assert inside.expected_ratio == pytest.approx(want) and inside.tolerance == tol
+        assert abs(inside.ratio - want) > tol  # past an absolute 0.04, inside 4% of want
+        assert inside.within_tolerance and inside.flag is None, side
+        outside = compare(computed, round(computed * want * (1 + side * tol * 1.001)), 0, "ethernet")
+        assert not outside.within_tolerance and "ethernet" in outside.flag, side
+
+
+def test_one_mib_is_judged_without_the_small_transfer_note():
+    """The note is for transfers below 1 MiB; one of exactly 1 MiB is judged as any larger one
+    (a mutant adding the note at 1 MiB too went unnoticed)."""
+    at = compare(MIB, 2 * MIB, 0, "loopback")
+    assert not at.within_tolerance and "below 1 MiB" not in at.flag
+    below = compare(MIB - 1, 2 * (MIB - 1), 0, "loopback")
+    assert not below.within_tolerance and "below 1 MiB" in below.flag
+
+
+def test_a_packet_count_below_its_baseline_is_taken_as_none():
+    """Packets are counted less an idle baseline, which may come out negative: it is taken as no
+    packets, so no framing is expected (ratio 1.0), never less than the payload. Taken as it is,
+    -1000 packets at 1 MiB expected 1 - 1000 x 66 / 2^20, about 0.937, and flagged a measured
+    ratio of exactly 1."""
+    c = compare(MIB, MIB, 0, "loopback", packets=-1000)
+    assert c.expected_ratio == 1.0
+    assert c.ratio == 1.0 and c.within_tolerance and c.flag is None
+    assert compare(MIB, MIB, 0, "loopback", packets=0).expected_ratio == 1.0
+    # a positive count adds one link, IP and TCP header a packet: 14 + 20 + 20 + 12 bytes
+    assert compare(MIB, MIB, 0, "loopback", packets=1000).expected_ratio == 1 + 1000 * 66 / MIB
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
