@@ -60,7 +60,10 @@ def test_a_wheel_built_from_the_tree_holds_every_file_and_finds_its_studies(tmp_
         timeout=240,
     )
     assert built.returncode == 0, built.stderr
-    (wheel,) = (tmp_path / "dist").glob("commbench-*.whl")
+    import commbench
+
+    # the version is written once (setup.cfg reads commbench.__version__, which --version says)
+    (wheel,) = (tmp_path / "dist").glob(f"commbench-{commbench.__version__}-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         held = set(zf.namelist())
         zf.extractall(tmp_path / "installed")

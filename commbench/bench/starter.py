@@ -138,11 +138,14 @@ def same_imports(env: Mapping[str, str]) -> dict[str, str]:
     ``python -c`` (the fork server) and ``python -m`` (profile's inner command, the cluster's
     ranks) put their working directory first on sys.path. An installed commbench run from a
     directory holding another ``commbench`` (a checkout) had its ranks run that one: the
-    launcher's code with the checkout's ranks. Entries with the path separator in them cannot be
-    written in PYTHONPATH and are left out."""
-    entries = (os.path.abspath(p) if p else os.getcwd() for p in sys.path)
-    path = os.pathsep.join(p for p in entries if os.pathsep not in p)
-    return {**env, "PYTHONPATH": path, "PYTHONSAFEPATH": "1"}
+    launcher's code with the checkout's ranks. A sys.path entry with the path separator in it
+    cannot be written in PYTHONPATH: then ``env`` is returned as it is, and the child finds
+    modules as Python's own start puts them (leaving that entry out could leave the child
+    without this commbench: a checkout in ``/work/a:b``)."""
+    entries = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    if any(os.pathsep in p for p in entries):
+        return dict(env)
+    return {**env, "PYTHONPATH": os.pathsep.join(entries), "PYTHONSAFEPATH": "1"}
 
 
 @contextlib.contextmanager
