@@ -265,3 +265,31 @@ def test_the_cluster_fits_only_points_beyond_a_links_burst():
     assert "1/beta = 0.1250 GB/s" in text and "1 point(s) left out of the fit" in text, text
     assert "1/beta = 0.1250 GB/s" not in _fit([*shaped, fast], 100_000)
     assert _fit([fast, shaped[0]], 10 << 20).startswith("# alpha-beta fit not made: 0 point(s)")
+
+
+def test_an_auto_record_is_priced_as_what_auto_ran():
+    """A record of "auto" is priced by its resolved_algorithm, what ran, not by what auto would
+    pick at its size: at 4 ranks and 4 MiB auto picks another algorithm, and one resolved to
+    naive moves 2 (n - 1) x 4 MiB on the root's link in 2 (n - 1) steps."""
+    size = 4 << 20
+    by_size = cost("all_reduce", "auto", 4, size // 4, 4)
+    assert by_size.critical_bytes != 2 * 3 * size  # auto's own pick prices differently here
+    record = {**_record("auto", 4, size, 0.05), "resolved_algorithm": "naive"}
+    (point,) = alphabeta.points([record])
+    assert (point.steps, point.critical_bytes) == (2 * 3, 2 * 3 * size)
+    assert point.algorithm == "auto"
+
+
+def test_one_fitted_point_left_out_of_the_rows_is_counted():
+    """A single point under 1 MiB is counted under the rows as well as several."""
+    pts = [
+        Point(collective="x", algorithm="a", size_bytes=s, steps=1, critical_bytes=s, time_s=ALPHA + s * BETA)
+        for s in (256 << 10, 1 << 20, 4 << 20)
+    ]
+    model = alphabeta.fit(pts)
+    rows = alphabeta.compare(pts, model)
+    assert [r.size_bytes for r in rows] == [1 << 20, 4 << 20]
+    text = alphabeta.table(model, rows)
+    assert (
+        text.splitlines()[-1] == "# 1 fitted point(s) under 1 MiB, where the steps set the time, not listed"
+    )

@@ -15,7 +15,7 @@ from commbench.bench import bandwidth
 from commbench.bench.bandwidth import BandwidthRecord, expected_gbps, format_table
 from commbench.bench.cli import build_parser, main
 from commbench.bench.records import read_jsonl
-from commbench.kernels.copy import D2H_PAGEABLE, H2D_PINNED, CopyResult
+from commbench.kernels.copy import D2H_PAGEABLE, D2H_PINNED, H2D_PAGEABLE, H2D_PINNED, CopyResult
 
 
 def test_cpu_table_and_json(tmp_path, capsys):
@@ -55,10 +55,16 @@ def test_cuda_without_cuda_is_bad_input(capsys):
 
 
 def test_expected_is_for_pinned_pcie_copies_only():
-    pinned = CopyResult(name=H2D_PINNED, size_bytes=1, time_s=1.0, gbps=1.0, limit_gbps=31.5)
-    pageable = CopyResult(name=D2H_PAGEABLE, size_bytes=1, time_s=1.0, gbps=1.0, limit_gbps=31.5)
-    assert expected_gbps(pinned) == pytest.approx(31.5 * 0.85)
-    assert expected_gbps(pageable) is None
+    """Pinned copies either way are expected at 85% of the link (README); pageable ones, and a
+    pinned one whose link is unknown, have no expectation."""
+    for name in (H2D_PINNED, D2H_PINNED):
+        pinned = CopyResult(name=name, size_bytes=1, time_s=1.0, gbps=1.0, limit_gbps=31.5)
+        assert expected_gbps(pinned) == pytest.approx(31.5 * 0.85), name
+        unknown = CopyResult(name=name, size_bytes=1, time_s=1.0, gbps=1.0, limit_gbps=None)
+        assert expected_gbps(unknown) is None, name
+    for name in (H2D_PAGEABLE, D2H_PAGEABLE):
+        pageable = CopyResult(name=name, size_bytes=1, time_s=1.0, gbps=1.0, limit_gbps=31.5)
+        assert expected_gbps(pageable) is None, name
 
 
 def test_table_says_na_for_unknowns():
@@ -75,6 +81,8 @@ def test_table_says_na_for_unknowns():
     )
     lines = format_table([rec]).splitlines()
     assert lines[1].split()[-2:] == ["n/a", "n/a"] and "1.05" in lines[1] and "1M" in lines[1]
+    # the time column is in microseconds: 1 ms is 1000.0
+    assert lines[0].split()[2] == "time_us" and lines[1].split()[2] == "1000.0"
 
 
 @pytest.mark.gpu

@@ -92,6 +92,29 @@ def test_syncs_per_epoch_is_the_loaders_length(samples: int, batch: int, world: 
     assert lengths == {syncs_per_epoch(samples, batch, world, None)}
 
 
+def test_the_training_loops_loaders_drop_the_last_batch_and_share_the_test_split() -> None:
+    """The loop's own loaders: 10 samples over 2 ranks are 5 a rank, one whole batch of 4 and a
+    partial one dropped (a rank with one more step would wait forever); the held-out split is
+    dealt out to the ranks, each sample to one rank and every sample to some rank."""
+    from commbench.trainers.loop import TrainConfig, _dataset, _loaders
+
+    config = TrainConfig(samples=10, batch_size=4, evaluate=True)
+    train = _dataset(config, train=True)
+    assert len(train) == 10
+    shards = []
+    for rank in range(2):
+        train_loader, test_loader, sampler = _loaders(config, train, 4, 2, rank)
+        assert len(sampler) == 5
+        batches = list(train_loader)
+        assert len(train_loader) == len(batches) == 1 and len(batches[0][1]) == 4
+        assert test_loader is not None
+        shards.append(list(test_loader.dataset.indices))
+    held_out = _dataset(config, train=False)
+    assert not set(shards[0]) & set(shards[1])
+    assert sorted(shards[0] + shards[1]) == list(range(len(held_out)))
+    assert abs(len(shards[0]) - len(shards[1])) <= 1
+
+
 def test_computed_wire_bytes_per_strategy() -> None:
     from commbench.trainers.loop import TrainConfig, computed_wire_bytes
 
@@ -337,3 +360,14 @@ def test_a_model_of_mixed_dtypes_is_refused_before_its_first_step():
     model.requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable parameters"):
         sync.packable(model)
+
+
+def test_a_bucket_of_another_size_is_refused_either_way() -> None:
+    """pack and unpack refuse a bucket with more elements than the tensors as well as fewer,
+    and say both counts."""
+    with pytest.raises(ValueError, match="bucket holds 3 elements, tensors have 2"):
+        pack([torch.ones(2)], torch.empty(3))
+    with pytest.raises(ValueError, match="bucket holds 3 elements, tensors have 2"):
+        unpack(torch.zeros(3), [torch.zeros(2)])
+    with pytest.raises(ValueError, match="bucket holds 1 elements, tensors have 2"):
+        unpack(torch.zeros(1), [torch.zeros(2)])

@@ -2011,3 +2011,28 @@ def test_a_working_directory_deleted_before_the_start_is_one_line(tmp_path):
         )
         assert (out.returncode, out.stdout) == (2, ""), out.stderr
         assert out.stderr == "commbench: error: the working directory no longer exists; cd to one that does\n"
+
+
+def test_a_broadcast_sweeps_root_is_part_of_what_it_is(tmp_path, capsys):
+    """A broadcast from root 1 is another sweep than one from root 0: --across refuses to pool them
+    and says which holds root 1, and a summary's heading names the root."""
+    runs = []
+    for root in (0, 1):
+        path = _run_file(tmp_path / f"root{root}.jsonl", 4, {1024: 1.0})
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text(
+            "".join(
+                json.dumps({**r, "collective": "broadcast", "root": root} if r["type"] == "sweep" else r)
+                + "\n"
+                for r in rows
+            )
+        )
+        runs.append(str(path))
+    assert main(["summary", "--across", *runs]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert "runs of one sweep" in err and "broadcast, 4 ranks, gloo, float32, root 1" in err, err
+    assert err.count("root") == 1, err  # root 0 is not said
+    assert main(["summary", runs[1]]) == 0
+    heading = capsys.readouterr().out.splitlines()[0]
+    assert heading == f"### {runs[1]}: broadcast, 4 ranks, gloo, float32, root 1", heading

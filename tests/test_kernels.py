@@ -22,6 +22,14 @@ def test_host_copy_reports_consistent_units():
         r.gbps = 1.0  # type: ignore[misc]
 
 
+def test_a_copys_time_is_the_median_of_its_rounds():
+    """Of rounds of 1, 2 and 6 s (in any order) the time is 2 s, not the mean, the fastest or the
+    slowest, and 10^9 bytes in it are 0.5 GB/s."""
+    r = copies._result(copies.HOST_TO_HOST, 10**9, [6.0, 1.0, 2.0], 12.5)
+    assert (r.name, r.size_bytes, r.limit_gbps) == (copies.HOST_TO_HOST, 10**9, 12.5)
+    assert r.time_s == 2.0 and r.gbps == pytest.approx(0.5)
+
+
 def test_copy_bandwidth_on_cpu_is_one_host_copy():
     (r,) = copies.copy_bandwidth(4096, "cpu", iters=2, warmup=0)
     assert r.name == copies.HOST_TO_HOST

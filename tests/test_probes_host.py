@@ -3,6 +3,7 @@ socket, loopback and own addresses route to lo, CPU and memory readings are sane
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import socket
@@ -208,6 +209,44 @@ def test_unknown_interface_and_backwards_counters_raise():
     b = host.NicCounters(tx_bytes=5, rx_bytes=10, tx_packets=1, rx_packets=1)
     with pytest.raises(ValueError, match="backwards"):
         host.nic_delta(a, b)
+
+
+def test_read_nic_takes_sent_as_tx_and_received_as_rx(monkeypatch):
+    """On loopback sent and received are equal, which would hide a swap: here each differs."""
+    from types import SimpleNamespace
+
+    eth = SimpleNamespace(bytes_sent=1000, bytes_recv=2000, packets_sent=3, packets_recv=4)
+    monkeypatch.setattr(psutil, "net_io_counters", lambda pernic, nowrap: {"eth9": eth})
+    assert host.read_nic("eth9") == host.NicCounters(tx_bytes=1000, rx_bytes=2000, tx_packets=3, rx_packets=4)
+
+
+def test_nic_delta_subtracts_each_counter_and_refuses_any_that_went_backwards():
+    """Each counter's delta is its own (after less before); a packet counter that went backwards
+    is refused as a byte counter is."""
+    before = host.NicCounters(tx_bytes=10, rx_bytes=20, tx_packets=1, rx_packets=2)
+    after = host.NicCounters(tx_bytes=15, rx_bytes=40, tx_packets=4, rx_packets=10)
+    assert host.nic_delta(before, after) == host.NicCounters(
+        tx_bytes=5, rx_bytes=20, tx_packets=3, rx_packets=8
+    )
+    for field in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets"):
+        back = dataclasses.replace(after, **{field: getattr(before, field) - 1})
+        with pytest.raises(ValueError, match="backwards"):
+            host.nic_delta(before, back)
+
+
+def test_machine_cpu_counts_guest_time_once(monkeypatch):
+    """Linux counts guest time inside user (and guest_nice inside nice): the total is every field
+    but those two, and user is user plus nice."""
+    import collections
+
+    fields = "user nice system idle iowait irq softirq steal guest guest_nice"
+    scputimes = collections.namedtuple("scputimes", fields)
+    times = scputimes(user=10.0, nice=2.0, system=3.0, idle=80.0, iowait=1.0, irq=0.0, softirq=0.0,
+                      steal=0.0, guest=4.0, guest_nice=1.0)  # fmt: skip
+    monkeypatch.setattr(psutil, "cpu_times", lambda: times)
+    m = host.machine_cpu()
+    assert (m.user_s, m.system_s) == (10.0 + 2.0, 3.0)
+    assert m.total_s == pytest.approx(10.0 + 2.0 + 3.0 + 80.0 + 1.0)  # 96, not 101
 
 
 def test_cpu_percentages_from_two_readings():

@@ -132,6 +132,17 @@ def test_baseline_shows_ratios(recorded, tmp_path):
     step_rows = [line for line in section.splitlines() if line.startswith(strategies)]
     assert len(step_rows) == len(strategies) and all("| 0.50 | 2.00 |" in line for line in step_rows)
     assert (out / "baseline-busbw.png").exists() and (out / "baseline-step-time.png").exists()
+    # The value columns are the baseline's then this run's, not the other way round: the baseline's
+    # busbw is half this run's, its step time twice this run's.
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in busbw_rows]
+    values = [(float(c[-3]), float(c[-2])) for c in cells]  # baseline (GB/s), this run (GB/s)
+    assert any(now >= 0.01 for _, now in values), values
+    for base, now in values:
+        assert base == pytest.approx(now / 2, abs=1e-3) and base <= now, (base, now)
+    for line in step_rows:
+        c = [c.strip() for c in line.strip("|").split("|")]
+        base_ms, now_ms = float(c[-4]), float(c[-3])
+        assert now_ms > 0 and base_ms == pytest.approx(2 * now_ms, abs=0.02), line
 
 
 EXAMPLE_RUNS = Path(__file__).resolve().parents[1] / "docs" / "example-report" / "runs"

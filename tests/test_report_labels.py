@@ -167,6 +167,17 @@ def test_a_cluster_run_without_probed_points_keeps_its_per_host_table(tmp_path):
     assert "outside tolerance" not in md  # no byte-check table without checked points
 
 
+def test_a_hosts_ratio_is_measured_over_computed_each_way():
+    """The per-host ratio is measured / computed: above 1 where the NIC counted more bytes than
+    the cost model, below 1 where it counted fewer."""
+    from commbench.bench import reporting
+
+    host = {"rank": 0, "address": "10.0.0.1", "nic": "eth0", "tx_bytes": 110, "rx_bytes": 90}
+    host |= {"computed_tx_bytes": 100, "computed_rx_bytes": 100}
+    row = reporting._host_row("whole run", host, ["12.5"])
+    assert row == ["whole run", "0", "10.0.0.1", "eth0", "110", "100", "1.100", "90", "100", "0.900", "12.5"]
+
+
 def test_auto_is_named_by_what_it_picked_in_full():
     """The name was cut to the column's 9 characters: auto picking naive read "auto:naiv", and a
     segmented auto ("auto@2M") did not say what it picked at all, and auto and auto@2M picking rd
@@ -368,3 +379,18 @@ def test_a_csv_cell_of_nested_records_is_json():
         (row,) = csv.DictReader(path.open())
     assert row["sent"] == "1 2" and row["ok"] == "True"
     assert json.loads(row["hosts"]) == [{"rank": 0, "address": "127.0.0.1", "up": True}]
+
+
+def test_the_spread_counts_runs_strictly_under_each_mark():
+    """summary --across counts a run in "< 0.9" and "< 1.0" only below the mark: a ratio of
+    exactly 0.9 is not under 0.9, and exactly 1.0 not under 1.0."""
+    runs = [
+        [
+            {**_record("all_reduce", "builtin", 4096, 1.0), "busbw_ratio_to_builtin": 1.0},
+            {**_record("all_reduce", "ring", 4096, ratio), "busbw_ratio_to_builtin": ratio},
+        ]
+        for ratio in (0.9, 1.0, 1.1)
+    ]
+    lines = report.spread_table(runs).splitlines()
+    assert lines[0] == "| size (B) | ring / builtin: mean [low, high] (< 0.9, < 1.0 of runs) |"
+    assert lines[2:] == ["| 4096 | 1.00 [0.90, 1.10] (0, 1 of 3) |"]

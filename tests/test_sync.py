@@ -312,6 +312,50 @@ def test_dp_comm_is_not_measured_rather_than_zero(monkeypatch, tmp_path) -> None
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_an_epoch_record_counts_every_ranks_samples_and_takes_the_median_step() -> None:
+    """An epoch's samples are steps x batch x ranks, its throughput those samples over the summed
+    step time, its step time the median step's, and its cumulative time the earlier epochs' plus
+    its own."""
+    from commbench.trainers.loop import PHASES, epoch_record
+
+    times = torch.zeros((3, len(PHASES)), dtype=torch.float64)
+    times[:, PHASES.index("step")] = torch.tensor([0.001, 0.002, 0.010], dtype=torch.float64)
+    losses = torch.ones(3, dtype=torch.float64)
+    record = epoch_record("ring", 2, 2, 8, times, losses, 5.0, (None, None))
+    assert record.steps == 3 and record.samples == 3 * 8 * 2 == 48
+    assert record.time_s == pytest.approx(0.013)
+    assert record.images_per_s == pytest.approx(48 / 0.013)
+    assert record.step_time_ms == pytest.approx(2.0)  # the median, not the mean (4.33)
+    assert record.cumulative_time_s == pytest.approx(5.013)
+    assert not record.first_epoch
+
+
+def test_the_compare_table_gives_megabytes_and_the_busiest_ranks_wire() -> None:
+    """The grad column is in MB of 10^6 bytes, and the wire column the rank that sent the most."""
+    from commbench.bench.train import summary_table
+
+    summary = {
+        "strategy": "ring",
+        "step_time_ms": 5.0,
+        "data_ms": 0.1,
+        "forward_ms": 1.0,
+        "backward_ms": 2.0,
+        "exposed_comm_ms": 0.5,
+        "optimizer_ms": 0.5,
+        "comm_ms": 1.0,
+        "hidden_comm_fraction": 0.5,
+        "images_per_s": 1600.0,
+        "final_loss": 2.0,
+        "final_accuracy": 0.5,
+        "grad_bytes_per_epoch": 10_000_000,
+        "wire_bytes_per_rank_per_epoch": [1_000_000, 3_000_000, 2_000_000],
+        "step_time_ratio_to_ddp": None,
+    }
+    head, row = summary_table([summary]).splitlines()
+    assert head.split()[-6:] == ["grad", "MB/ep", "wire", "MB/rank/ep", "x", "ddp"]
+    assert row.split()[0] == "ring" and row.split()[12:] == ["10.0", "3.0", "-"]  # grad, wire, x ddp
+
+
 class _DDPCapFirst:
     """DistributedDataParallel's signature where ``bucket_cap_mb`` defaults to None and there is
     no ``bucket_cap_mb_list``: a cap given is the first bucket's too (torch 2.14 does the same with

@@ -98,6 +98,9 @@ def test_training_moves_parameters_and_summaries_add_up(train_worlds) -> None:
     for s in (ring, ddp):
         parts = s["forward_ms"] + s["backward_ms"] + s["exposed_comm_ms"] + s["optimizer_ms"] + s["data_ms"]
         assert parts == pytest.approx(s["step_time_ms"], rel=0.5)  # medians of parts vs median of sums
+        # img/s is the global batch (16 a rank, 2 ranks) over the median step, as README says
+        assert s["global_batch"] == 16 * 2
+        assert s["images_per_s"] == pytest.approx(16 * 2 / (s["step_time_ms"] / 1e3))
 
 
 def test_bad_strategy_for_world_raises_on_every_rank(train_worlds) -> None:
