@@ -732,7 +732,11 @@ def _start_rank_server(argv: list[str] | None) -> str | None:
 
     words = sys.argv[1:] if argv is None else argv
     command = next((w for w in words if not w.startswith("-")), None)
-    if command in LAUNCHING and not {"-h", "--help"} & set(words) and not starter.launched_externally():
+    if (
+        command in LAUNCHING
+        and not {"-h", "--help", "--version"} & set(words)
+        and not starter.launched_externally()
+    ):
         if _world_size_asked(words) <= starter.FORKSERVER_MAX_RANKS:  # more are spawned: no server
             try:
                 starter.start()
