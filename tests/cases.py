@@ -662,6 +662,22 @@ def _subgroups_of_two(case: dict[str, Any]) -> dict[str, Any]:
             comm.all_reduce(tensor, algorithm="ring", group=group)
             out[name] = bool(torch.all(tensor == sum(m + 1 for m in members)))
             out[f"{name}_one_connection"] = p2p.route(group, 1, 0) is group
+    if rank in (1, 2):
+        # Roots and peers are the group's ranks, which the backend's calls and batched sends take
+        # as global ranks: group rank 0 of [1, 2] is global rank 1.
+        tensor = torch.full((1000,), float(rank))
+        comm.broadcast(tensor, 0, algorithm="builtin", group=high)
+        out["high_builtin_broadcast"] = bool(torch.all(tensor == 1))
+        tensor = torch.full((1000,), float(rank))
+        comm.reduce(tensor, 0, algorithm="builtin", group=high)
+        out["high_builtin_reduce"] = rank != 1 or bool(torch.all(tensor == 3))
+        real, p2p._needs_batching = p2p._needs_batching, lambda g, d: True  # as NCCL's sends go
+        try:
+            tensor = torch.full((1000,), float(rank))
+            comm.all_reduce(tensor, algorithm="ring", group=high)
+            out["high_batched"] = bool(torch.all(tensor == 3))
+        finally:
+            p2p._needs_batching = real
     everyone = dist.new_group([0, 1, 2], timeout=timeout)
     tensor = torch.ones(10)
     comm.all_reduce(tensor, algorithm="ring", group=everyone)
@@ -764,6 +780,31 @@ def _plan_reuse(case: dict[str, Any]) -> list[str]:
         ):
             if not ok:
                 failures.append(f"call {i} ({name}, {count} elements) on rank {rank}")
+    # One input scattered into two outputs in turn: the second's schedule is not the first's,
+    # which would write into the first output again.
+    data = torch.full((world * 500,), float(rank + 1))
+    outputs = [torch.full((500,), float("nan")) for _ in range(2)]
+    for out in outputs:
+        comm.reduce_scatter(out, data, algorithm="ring", workspace=workspace)
+    if not all(bool(torch.all(out == world * (world + 1) / 2)) for out in outputs):
+        failures.append(f"reduce_scatter of one input into a second output on rank {rank}")
+    # One output gathered in one segment, then in many: a schedule is kept per segment count.
+    gathered, mine = torch.empty(world * 500), torch.full((500,), float(rank))
+    everyone = torch.cat([torch.full((500,), float(r)) for r in range(world)])
+    real_run, seen = ring._run, []
+    ring._run = lambda units, r, w, nseg, *a: (
+        seen.append(len(units) == (w - 1) * nseg) or real_run(units, r, w, nseg, *a)
+    )
+    try:
+        for segment in (1 << 20, 64):
+            gathered.fill_(float("nan"))
+            comm.all_gather(gathered, mine, algorithm="ring", workspace=workspace, segment_bytes=segment)
+            if not torch.equal(gathered, everyone):
+                failures.append(f"all_gather in segments of {segment} B on rank {rank}")
+    finally:
+        ring._run = real_run
+    if seen != [True, True]:
+        failures.append(f"all_gather's schedules by segment count on rank {rank}: {seen}")
     return failures
 
 

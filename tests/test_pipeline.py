@@ -94,6 +94,20 @@ def test_only_the_most_recent_schedules_are_kept():
     assert len(ws._plans) == PLANS_KEPT
 
 
+def test_a_schedule_used_again_is_kept_over_one_left_unused():
+    """The schedules kept are the most recently used, not the most recently made: a sweep's series
+    take turns at every size, so the one used again must outlast one not used since."""
+    ws = Workspace()
+    built: list[int] = []
+    for k in range(PLANS_KEPT):
+        plan(ws, k, lambda k=k: built.append(k))
+    plan(ws, 0, lambda: built.append(-1))  # used again: now the most recent
+    plan(ws, PLANS_KEPT, lambda: built.append(PLANS_KEPT))  # one too many: 1 goes, not 0
+    plan(ws, 0, lambda: built.append(-2))
+    plan(ws, 1, lambda: built.append(-3))
+    assert built == [*range(PLANS_KEPT + 1), -3]
+
+
 def test_a_grown_buffer_is_not_held_by_the_schedules_kept_on_it():
     """Series of one algorithm with different segments (ring@1M, then ring) held the scratch of
     both, since the first's kept schedule viewed the buffer the second outgrew."""
