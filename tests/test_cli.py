@@ -1588,6 +1588,40 @@ def test_the_interrupted_message_of_records_sent_to_a_pipe_claims_no_file():
         os.close(w)
 
 
+def test_a_records_file_s_stamp_moves_with_its_modification_time_or_its_size_alone(tmp_path):
+    """The stamp tells whether a run wrote its records file: a write that kept the size (a record
+    rewritten) moved only the modification time, and a write within one clock tick only the size."""
+    from commbench.bench.records import file_stamp
+
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"type": "header"}\n')
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    before = file_stamp(path)
+    os.utime(path, ns=(1_000_000_000, 1_000_000_001))  # one nanosecond later, the same bytes
+    assert file_stamp(path) != before
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    assert file_stamp(path) == before
+    with path.open("a") as f:
+        f.write('{"type": "sweep"}\n')
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))  # more bytes, the same time
+    assert file_stamp(path) != before and os.stat(path).st_ino == before[0]
+    assert file_stamp(tmp_path / "missing.jsonl") is None and file_stamp(None) is None
+
+
+def test_the_note_on_a_last_line_cut_short_counts_the_records_before_it_not_blank_lines():
+    """The note says how many records were read: the blank line between them is no record, and
+    the blank is kept in the lines, so that a message can name the line an editor shows."""
+    from commbench.bench.records import complete_lines
+
+    lines, note = complete_lines('{"a": 1}\n\n{"b": 2}\n{"c', "f.jsonl")
+    assert lines == ['{"a": 1}', "", '{"b": 2}']
+    assert note == (
+        "commbench: f.jsonl: the last line is cut short (a write that did not finish); "
+        "the 2 lines before it are read"
+    )
+    assert complete_lines('{"a": 1}\n\n{"b": 2}\n', "f.jsonl") == (['{"a": 1}', "", '{"b": 2}'], None)
+
+
 def test_a_stop_before_the_run_writes_its_records_does_not_claim_an_earlier_runs_points(
     tmp_path, monkeypatch, capsys
 ):

@@ -509,6 +509,52 @@ def test_computed_bytes_counts_every_call_of_every_point():
     assert cluster.computed_bytes([{"type": "header"}], 4, 0) is None
 
 
+def test_bytes_sent_and_received_are_kept_apart_per_host():
+    """A rank that sends more than it receives (a broadcast's root): computed and measured bytes
+    each way stay in their own column, in the totals and in the per-point tables, whose send/recv
+    series is the transport's limit."""
+    rec = {
+        "type": "sweep",
+        "warmup": 1,
+        "iters": 2,
+        "computed_sent_bytes_per_rank": [30, 10],
+        "computed_recv_bytes_per_rank": [0, 30],
+    }
+    # each point runs warmup + iters + the check = 4 times
+    assert cluster.computed_bytes([rec], 2, calls_extra=1) == ([120, 40], [0, 120])
+
+    config = cluster.ClusterConfig(hosts=2, shaping=Shaping(), inner=("sweep",))
+    hosts = cluster.host_traffic(config, {0: (1000, 2000), 1: (3000, 4000)}, [rec], calls_extra=1)
+    assert [(h.tx_bytes, h.rx_bytes, h.computed_tx_bytes, h.computed_rx_bytes) for h in hosts] == [
+        (1000, 2000, 120, 0),
+        (3000, 4000, 40, 120),
+    ]
+
+    def point(collective, algorithm, per_host):
+        keys = ("tx_bytes", "computed_tx_bytes", "rx_bytes", "computed_rx_bytes")
+        hosts = [
+            {"rank": r, "address": f"198.18.0.{100 + r}", **dict(zip(keys, values, strict=True))}
+            for r, values in enumerate(per_host)
+        ]
+        return {"type": "sweep", "collective": collective, "algorithm": algorithm, "hosts": hosts}
+
+    tables = cluster.per_point_tables(
+        [
+            point("sendrecv", "p2p", [(3e6, 2e6, 1e6, 4e6)]),
+            point("broadcast", "ring", [(5e6, 4e6, 1e6, 2e6)]),
+            point("broadcast", "ring", [(1e6, 1e6, 1e6, 2e6)]),  # summed over the sizes
+        ]
+    ).splitlines()
+
+    def first_row(name):
+        title = next(i for i, line in enumerate(tables) if line.startswith(f"# {name}: per iteration"))
+        return tables[title + 2].split()  # host, address, tx MB, computed, ratio, rx MB, computed, ratio
+
+    assert first_row("limit") == ["0", "198.18.0.100", "3.000", "2.000", "1.500", "1.000", "4.000", "0.250"]
+    assert first_row("ring") == ["0", "198.18.0.100", "6.000", "5.000", "1.200", "2.000", "4.000", "0.500"]
+    assert not any("p2p" in line for line in tables)
+
+
 def test_a_training_runs_bytes_are_priced_per_strategy_and_epoch():
     """train and compare inside the cluster printed '-' for every computed column: only a sweep's
     records were read. Each strategy's bytes an epoch count once for each epoch it ran."""

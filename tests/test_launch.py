@@ -291,6 +291,21 @@ def test_a_bad_thread_count_is_one_line_and_exit_2_with_nothing_from_libgomp(val
     assert (done.returncode, done.stderr, done.stdout) == (2, f"commbench: error: {refusal}\n", "")
 
 
+def test_the_largest_thread_count_is_taken_and_one_more_is_refused(monkeypatch):
+    """MAX_THREADS itself is a count OpenMP and torch take; only what lies past it is refused."""
+    from commbench.bench import openmp
+
+    assert openmp.MAX_THREADS == 4096
+    monkeypatch.setenv("OMP_NUM_THREADS", "4096")
+    assert openmp.omp_threads() == 4096
+    monkeypatch.setenv("OMP_NUM_THREADS", "1,4096")
+    assert openmp.omp_threads() == 1
+    for value in ("4097", "1,4097"):
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+        with pytest.raises(ValueError, match="give a whole number from 1 to 4096"):
+            openmp.omp_threads()
+
+
 def test_a_rank_alone_gets_the_cores_it_may_run_on(monkeypatch):
     expected = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert launch._cores() == expected >= 1
@@ -931,6 +946,31 @@ def test_a_rank_stopped_while_writing_its_error_does_not_hide_the_rank_that_died
     assert (found.rank, found.detail) == (2, "ValueError: bad value")
 
 
+def test_a_rank_that_exited_with_a_code_comes_before_one_that_aborted_earlier(tmp_path):
+    """An abort (SIGABRT, as gloo's C++ does when a peer vanishes) is most often the effect of
+    another rank's failure: the rank that exited with a code of its own is named, though later."""
+    from types import SimpleNamespace
+
+    from commbench.bench import launch
+
+    aborted = SimpleNamespace(exitcode=-6, timestamp=1.0, signal_name=lambda: "SIGABRT")
+    exited = SimpleNamespace(exitcode=3, timestamp=2.0, signal_name=lambda: "<N/A>")
+    found = launch._first_failure(SimpleNamespace(failures={0: aborted, 1: exited}), str(tmp_path))
+    assert (found.rank, found.detail) == (1, "exited with code 3")
+
+
+@pytest.mark.parametrize("code, name", [(143, "SIGTERM"), (130, "SIGINT"), ("137", "SIGKILL")])
+def test_a_stopped_process_s_exit_code_is_named_by_its_signal(code, name):
+    """128 + the signal's number: the exit status a shell gives a process a signal ended."""
+    assert launch._signal_name(code) == name
+
+
+@pytest.mark.parametrize("code", [1, 0, 128, "stop", None])
+def test_any_other_exit_code_names_no_signal(code):
+    """Codes that are no signal's, and what is no code at all, are None rather than an error."""
+    assert launch._signal_name(code) is None
+
+
 def test_a_stop_dropped_by_a_finaliser_is_kept_and_other_dropped_errors_still_reported(monkeypatch):
     class Stop(Exception):
         sigval = signal.SIGTERM
@@ -1034,15 +1074,17 @@ def test_ranks_of_torchrun_started_with_other_options_each_refuse_naming_the_fir
     assert run(lambda c: dist.get_world_size(), (config,), spec) == {0: 1}
     assert checked == [(True, (config,))]
 
-    def ranks(*configs):
-        """check_same_work on rank 0 of a world whose ranks gave ``configs``."""
+    def ranks(*configs, refusals=None):
+        """check_same_work on rank 0 of a world whose ranks gave ``configs``, and where given, the
+        refusals of their nodes' checks (None where a node refused nothing)."""
         monkeypatch.setattr(dist, "get_world_size", lambda: len(configs))
         monkeypatch.setattr(dist, "get_rank", lambda: 0)
         works = [launch.work_of((c, "cpu", None, "commbench ...")) for c in configs]
+        said = refusals or [None] * len(configs)
         monkeypatch.setattr(
             dist,
             "all_gather_object",
-            lambda out, mine: out.__setitem__(slice(None), [(w, None) for w in works]),
+            lambda out, mine: out.__setitem__(slice(None), list(zip(works, said, strict=True))),
         )
         check_same_work((configs[0], "cpu", None, "commbench ..."))
 
@@ -1068,6 +1110,21 @@ def test_ranks_of_torchrun_started_with_other_options_each_refuse_naming_the_fir
     for other in ({"strategies": ("naive",)}, {"model_options": (("hidden", 16),)}, {"batch_size": 32}):
         with pytest.raises(ValueError, match=f"options: {next(iter(other))} is "):
             ranks(train, dataclasses.replace(train, **other))
+    # A node's refusal of its input is said on every rank: the lowest rank's, with how many others
+    # refused, before any difference in the options.
+    with pytest.raises(ValueError) as caught:
+        ranks(sweep, sweep, sweep, refusals=[None, None, "cannot write c.jsonl: Permission denied"])
+    assert str(caught.value) == "cannot write c.jsonl: Permission denied (said by rank 2)"
+    with pytest.raises(ValueError) as caught:
+        ranks(
+            sweep,
+            sweep,
+            dataclasses.replace(sweep, max_bytes=1 << 20),
+            refusals=[None, "cannot write b.jsonl: Permission denied", "no such file: c.bin"],
+        )
+    assert (
+        str(caught.value) == "cannot write b.jsonl: Permission denied (said by rank 1, and 1 other rank(s))"
+    )
 
 
 def _rank_one_is_stopped() -> None:
@@ -1175,9 +1232,12 @@ def test_a_peer_that_gave_up_waiting_names_the_rank_that_never_answered(tmp_path
         f"it did not answer within the --timeout; rank 0 gave up waiting: {waited}",
     )
     assert launch._first_failure(exc, str(tmp_path), 4).detail.startswith("it (and 2 more) did not answer")
+    assert launch._first_failure(exc, str(tmp_path), 4).rank == 1  # the lowest of ranks 1, 2 and 3
     # a rank that finished its work is not the one waited for (the review: it was named)
     (tmp_path / "rank1.done").touch()
     assert launch._first_failure(exc, str(tmp_path), 2).rank == 0
+    found = launch._first_failure(exc, str(tmp_path), 4)
+    assert found.rank == 2 and found.detail.startswith("it (and 1 more) did not answer")  # ranks 2 and 3
     assert launch._first_failure(exc, str(tmp_path), 3).detail.startswith("it did not answer")  # rank 2
     # an error of another kind, or no rank left out, names the rank that raised
     assert launch._first_failure(exc, str(tmp_path), 1).rank == 0

@@ -85,6 +85,23 @@ def test_any_backbone_takes_any_head_width() -> None:
     assert trainable_parameters(build_model("densenet121", hidden=0, num_classes=3)) == 1024 * 3 + 3
 
 
+def test_the_dropout_option_reaches_every_dropout_layer() -> None:
+    """The option is the probability of each dropout in the model: mnist_cnn's two (after conv2 and
+    after fc1) and a backbone head's two, not their default 0.5."""
+
+    def dropouts(model: torch.nn.Module) -> list[tuple[type, float]]:
+        kinds = (torch.nn.Dropout, torch.nn.Dropout2d)
+        return [(type(m), m.p) for m in model.modules() if isinstance(m, kinds)]
+
+    assert dropouts(build_model("mnist_cnn", dropout=0.25)) == [
+        (torch.nn.Dropout2d, 0.25),
+        (torch.nn.Dropout, 0.25),
+    ]
+    backbone = build_model("resnet18", hidden=16, dropout=0.1)
+    assert dropouts(backbone.head) == [(torch.nn.Dropout, 0.1)] * 2
+    assert dropouts(backbone) == dropouts(backbone.head)  # resnet18's own features have none
+
+
 def test_frozen_backbone_trains_only_its_head() -> None:
     model = build_model("resnet18", image_size=64, input_shape=(3, 20, 24), num_classes=4).train()
     assert model.training and model.head.training and not model.features.training

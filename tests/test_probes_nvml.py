@@ -3,6 +3,7 @@ nothing else, counters unwrap by their value type, and the PCIe fallback is labe
 
 from __future__ import annotations
 
+import ctypes
 import time
 
 import pytest
@@ -85,6 +86,20 @@ def test_32_bit_counter_wraps_and_64_bit_does_not():
     dev.set_field(fk.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 10)  # a 64-bit counter going back: reset
     c = nvml.counters(0)
     assert c.nvlink_tx.bytes_since(b.nvlink_tx) is None
+
+
+def test_unsigned_short_and_unsigned_long_counters_wrap_at_their_own_width():
+    """An unsigned short rolls over at 2^16 and an unsigned long at the C type's width (64 bits on
+    Linux, 32 on Windows): a difference across the wrap is taken modulo that width."""
+    dev = FakeDevice()
+    dev.fields[fk.NVML_FI_DEV_PCIE_COUNT_TX_BYTES] = (fk.USHORT, (1 << 16) - 100)
+    dev.fields[fk.NVML_FI_DEV_PCIE_COUNT_RX_BYTES] = (fk.ULONG, 7)
+    nvml, _ = _open(dev)
+    a = nvml.counters(0)
+    assert a.pcie_tx == Counter(value=(1 << 16) - 100, unit_bytes=1, wrap=1 << 16)
+    assert a.pcie_rx == Counter(value=7, unit_bytes=1, wrap=1 << (8 * ctypes.sizeof(ctypes.c_ulong)))
+    dev.set_field(fk.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 50)  # wrapped past 2^16
+    assert nvml.counters(0).pcie_tx.bytes_since(a.pcie_tx) == 150
 
 
 def test_nvlink_read_over_all_links():

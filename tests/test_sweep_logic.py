@@ -50,6 +50,22 @@ def test_a_size_in_kb_mb_or_gb_is_refused_as_ambiguous(text, hint):
         parse_size(text)
 
 
+@pytest.mark.parametrize(
+    "text, units",
+    [
+        ("2GB", "(GB: 10^9 or 2^30 bytes?)"),
+        ("8Mb", "(Mb: 10^6 or 2^20 bits or bytes?)"),
+        ("4kB", "(kB: 10^3 or 2^10 bytes?)"),
+    ],
+)
+def test_the_ambiguous_size_s_message_says_both_readings_of_the_unit_as_written(text, units):
+    """The message names the unit as typed and both sizes it may mean (10^(3k) or 2^(10k) bytes, and
+    bits too where the b is small)."""
+    with pytest.raises(ValueError) as caught:
+        parse_size(text)
+    assert units in str(caught.value)
+
+
 def test_format_size_round_trips():
     for n in (1, 1000, 1024, 1536, 1 << 20, 3 << 30):
         assert parse_size(format_size(n)) == n
@@ -289,6 +305,16 @@ def test_integer_results_wrap_around_as_the_ranks_own_arithmetic_does(dtype, op)
             acc * pattern(r, 3000, op, dtype, CPU) if op == "prod" else acc + pattern(r, 3000, op, dtype, CPU)
         )
     assert count_wrong(acc, reduced_pattern(world, 3000, op, dtype, CPU)) == 0
+
+
+def test_an_int64_product_is_2_to_the_k_then_the_lowest_value_at_63_then_0():
+    """In 64 bits 2**63 wraps to the lowest value and 2**64 to 0: the expected product one bit
+    before the dtype's width is its minimum, not 0."""
+    from commbench.bench.collectives import _typed
+
+    got = _typed(torch.tensor([62, 63, 64]), "prod", torch.int64)
+    assert got.dtype == torch.int64
+    assert got.tolist() == [2**62, -(2**63), 0]
 
 
 def _in_the_ranks_arithmetic(world: int, op: str, dtype: torch.dtype, count: int, pairwise: bool):
@@ -848,6 +874,19 @@ def test_an_all_gather_output_left_unwritten_is_wrong_on_every_rank(rank, in_pla
     # in place the rank's own part is its input, which the check's copy fills
     assert spec.wrong(b, None, rank, world, 0) == (world - in_place) * m
     assert torch.equal(b.output[rank * m : (rank + 1) * m], b.reference) == in_place
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_a_broadcast_that_sends_nothing_is_wrong_on_every_rank_but_the_root(rank):
+    """A rank other than the root starts from zeros, not the root's data: a broadcast that moved
+    nothing leaves every one of its elements wrong; the root's own data is right."""
+    from commbench.bench.collectives import SPECS, ready_for_check
+
+    world, root, count, cpu = 3, 1, 1000, torch.device("cpu")
+    spec = SPECS["broadcast"]
+    b = spec.make(count, torch.float32, cpu, rank, world, None, root)
+    ready_for_check(b)  # and then no call at all
+    assert spec.wrong(b, None, rank, world, root) == (0 if rank == root else count)
 
 
 def test_a_points_figures_come_from_the_slowest_ranks_median_and_every_ranks_check(worlds):

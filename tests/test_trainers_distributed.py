@@ -166,10 +166,18 @@ def test_bucketed_refuses_a_second_backward_without_before_backward(train_worlds
         assert "call before_backward before each backward" in str(diff), diff
 
 
+def test_buffers_broadcast_within_a_group_come_from_its_first_rank(train_worlds) -> None:
+    """Within the group of ranks 1 and 2, its first rank is global rank 1: rank 2 takes rank 1's
+    buffer, and rank 0, outside the group, keeps its own."""
+    results = _results(train_worlds(3), {}, buffers_of=[1, 2])
+    assert results == [[0.0] * 3, [1.0] * 3, [1.0] * 3]
+
+
 @pytest.mark.parametrize("strategy", ["naive", "bucketed"])
 def test_hand_written_strategies_start_every_rank_from_rank_0s_model(train_worlds, strategy) -> None:
     """As DDP's constructor: ranks whose models came from different seeds kept weights of their own
-    and only averaged their gradients. A model that differs in its sizes is refused on every rank."""
+    and only averaged their gradients. A model that differs in its sizes is refused on every rank,
+    and so is one whose parameter is another rank's buffer of the same shape and dtype."""
     (first, *others) = _results(train_worlds(3), {}, sync=strategy, kind="start")
     torch.manual_seed(100)
     built = [
@@ -181,7 +189,7 @@ def test_hand_written_strategies_start_every_rank_from_rank_0s_model(train_world
     _assert_same(first, built, "rank 0 after wrap vs rank 0's own model")
     for rank, params in enumerate(others, start=1):
         _assert_same(params, first, f"rank {rank} vs rank 0")
-    for how in ("wider", "transposed", "dtype"):  # sizes alone passed the last two
+    for how in ("wider", "transposed", "dtype", "buffer"):  # sizes alone passed the middle two
         for text in _results(train_worlds(3), {}, sync=strategy, kind="mismatch", how=how):
             assert text.startswith("the ranks' models differ"), (how, text)
             assert "the same model on every rank" in text, (how, text)

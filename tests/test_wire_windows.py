@@ -34,6 +34,23 @@ def test_the_idle_baseline_is_the_quietest_interval(one_rank, monkeypatch):
     assert windows.idle_rate[0] < 1000 and windows.idle_rate[1] < 1000, windows.idle_rate
 
 
+def test_a_sweep_points_baseline_is_its_quieter_idle_interval(one_rank, monkeypatch):
+    """A point's count idles twice after the pass: a burst of someone else's 500 kB in the first
+    interval is not taken away from the point's bytes; the second interval's 100 bytes are."""
+    counter = wirecount.WireCounter(torch.device("cpu"))
+    # the pass (2 MB), then the first idle interval (a 500 kB burst), then the second (100 B)
+    tx = iter([0, 2_000_000, 2_000_000, 2_500_000, 2_500_000, 2_500_100])
+
+    def read_nic(nic: str) -> host.NicCounters:
+        b = next(tx)
+        return host.NicCounters(tx_bytes=b, rx_bytes=b, tx_packets=b // 1000, rx_packets=b // 1000)
+
+    monkeypatch.setattr(host, "read_nic", read_nic)
+    wc = counter.count(lambda: None, 1, [2_000_000], [2_000_000], 2 << 20)
+    (h,) = wc.hosts
+    assert (h.tx_bytes, h.rx_bytes) == (2_000_000 - 100, 2_000_000 - 100)
+
+
 def test_a_step_whose_counters_went_backwards_is_not_judged(one_rank, monkeypatch):
     """A reset in the middle of a step: that strategy's epoch is not judged (it raised ValueError,
     which ended the training with exit 2 as if it were bad input); the next epoch is counted."""

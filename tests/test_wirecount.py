@@ -261,6 +261,30 @@ def test_framing_is_counted_per_packet_where_packets_are_known() -> None:
     assert c.summarise([r[:6] for r in rows], 1, sent, sent, 1 << 20).wire_check is not None
 
 
+def test_the_idle_intervals_packets_are_taken_off_the_framing_count() -> None:
+    """The baseline's packets are someone else's: only the packets above it carry framing of the
+    payload, as only the bytes above it are the payload's."""
+    c = _counter([[0], [1]], ["eth0", "eth0"], "ethernet", 1500, None)
+    sent = [1_000_000, 1_000_000]
+    # 16 packets of the count's own and 10 of the idle interval's, with their 1000 bytes
+    rows = [[s + 16 * 66 + 1000, s + 16 * 66 + 1000, 1000, 1000, 0.0, 0.0, 26, 10] for s in sent]
+    wc = c.summarise(rows, 1, sent, sent, 1 << 20)
+    assert wc.wire_expected_ratio == pytest.approx(1 + 32 * 66 / 2_000_000)
+    assert wc.wire_check is None
+
+
+def test_each_hosts_computed_bytes_received_are_the_cost_models_received_not_sent() -> None:
+    """A broadcast's root sends and receives different amounts: each column comes from its own list,
+    and the measured bytes received from the received counter less its baseline."""
+    c = _counter([[0], [1], [2]], ["eth0", "eth0", "eth0"], "ethernet", 1500, None)
+    sent, recv = [2_000_000, 1_000_000, 0], [0, 1_000_000, 2_000_000]
+    rows = [[7000 + s, 5000 + r, 7000, 5000, 0.0, 0.0] for s, r in zip(sent, recv, strict=True)]
+    wc = c.summarise(rows, 1, sent, recv, 1 << 20)
+    assert [h.computed_tx_bytes for h in wc.hosts] == sent
+    assert [h.computed_rx_bytes for h in wc.hosts] == recv
+    assert [(h.tx_bytes, h.rx_bytes) for h in wc.hosts] == list(zip(sent, recv, strict=True))
+
+
 def test_a_window_opens_between_two_barriers(monkeypatch):
     """All ranks done with what came before, then the reading, then nobody starts until all read."""
     from commbench.probes import wirecount

@@ -42,6 +42,8 @@ def run_train_case(case: dict[str, Any]) -> Any:
     given) is where each rank trains; tensors come back on the host."""
     if "sync" in case:
         return run_sync_case(case)
+    if "buffers_of" in case:
+        return run_subgroup_buffers_case(case)
     config = TrainConfig(**case["config"])
     device = torch.device(case.get("device", "cpu"))
     final: dict[str, list[torch.Tensor]] = {}
@@ -87,6 +89,40 @@ class _Shaped(torch.nn.Module):
         return x
 
 
+class _Kept(torch.nn.Module):
+    """A parameter, and five zeros kept as another or as a buffer: the same shape and dtype either way."""
+
+    def __init__(self, as_buffer: bool) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(3))
+        if as_buffer:
+            self.register_buffer("weight", torch.zeros(5))
+        else:
+            self.weight = torch.nn.Parameter(torch.zeros(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def run_subgroup_buffers_case(case: dict[str, Any]) -> list[float]:
+    """:func:`commbench.trainers.sync.broadcast_buffers` within the group of the global ranks
+    ``case['buffers_of']``, every rank's buffer its own rank; returns each rank's buffer after."""
+    import torch.distributed as dist
+
+    from commbench.trainers.sync import broadcast_buffers
+
+    rank, ranks = dist.get_rank(), case["buffers_of"]
+    group = dist.new_group(ranks)  # every rank takes part in making it
+    model = torch.nn.Module()
+    model.register_buffer("stat", torch.full((3,), float(rank)))
+    try:
+        if rank in ranks:
+            broadcast_buffers(model, group)
+    finally:
+        dist.destroy_process_group(group)
+    return model.stat.tolist()
+
+
 def run_sync_case(case: dict[str, Any]) -> Any:
     """A gradient sync used as a library (commbench.trainers.sync), beside DDP in the same world.
 
@@ -96,7 +132,8 @@ def run_sync_case(case: dict[str, Any]) -> Any:
       DDP's after the same two backwards, or the error's text.
     - "start": each rank builds its model from a seed of its own; returns its parameters after wrap.
     - "mismatch": rank 1's model differs from rank 0's (``case['how']``: "wider", "transposed"
-      (as many elements, another shape), "dtype"); returns the error's text.
+      (as many elements, another shape), "dtype", "buffer" (rank 0's parameter is rank 1's buffer));
+      returns the error's text.
     The models, batches and the sync's clock are on ``case['device']`` ("cpu" unless given).
     """
     import torch.distributed as dist
@@ -118,6 +155,7 @@ def run_sync_case(case: dict[str, Any]) -> Any:
                 "wider": lambda: _net(5 + rank),  # sizes differ
                 "transposed": lambda: _Shaped((6, 6) if rank == 0 else (4, 9)),  # 36 elements either way
                 "dtype": lambda: _net().to(torch.float64 if rank == 1 else torch.float32),
+                "buffer": lambda: _Kept(as_buffer=rank == 1),
             }[case["how"]]().to(device)
             try:
                 sync.wrap(model)
