@@ -36,10 +36,11 @@ def test_the_console_script_lives_in_a_package():
     assert ROOT.joinpath(*parts).with_suffix(".py").is_file()
 
 
-def _tracked_package_files() -> list[str]:
+def _files_under(top: str) -> list[str]:
+    """The files below ``top`` in the checkout (less compiled ones), relative to it."""
     return sorted(
         str(p.relative_to(ROOT))
-        for p in (ROOT / "commbench").rglob("*")
+        for p in (ROOT / top).rglob("*")
         if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
     )
 
@@ -67,7 +68,7 @@ def test_a_wheel_built_from_the_tree_holds_every_file_and_finds_its_studies(tmp_
     with zipfile.ZipFile(wheel) as zf:
         held = set(zf.namelist())
         zf.extractall(tmp_path / "installed")
-    assert [f for f in _tracked_package_files() if f not in held] == []
+    assert [f for f in _files_under("commbench") if f not in held] == []
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     listed = subprocess.run(
@@ -106,12 +107,7 @@ def test_an_sdist_holds_the_tests_and_what_readme_sends_a_reader_to(tmp_path):
     assert built.returncode == 0, built.stderr
     with tarfile.open(src / "dist" / built.stdout.split()[-1]) as tf:
         held = {name.split("/", 1)[1] for name in tf.getnames() if "/" in name}
-    wanted = [
-        str(p.relative_to(ROOT))
-        for top in ("tests", "commbench", "docs/example-report")
-        for p in (ROOT / top).rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
-    ]
+    wanted = [f for top in ("tests", "commbench", "docs/example-report") for f in _files_under(top)]
     wanted += [
         "Makefile",
         "constraints.txt",
