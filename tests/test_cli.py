@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from commbench import comm
-from commbench.bench import report
+from commbench.bench import cli, report
 from commbench.bench.cli import main
 from commbench.comm import p2p, tcp
 from tests import recorded
@@ -128,9 +128,24 @@ def test_version_is_said_as_argparse_says_it(capsys):
     import commbench
 
     with pytest.raises(SystemExit) as ended:
-        main(["--version"])
+        cli.build_parser().parse_args(["--version", "sweep", "--no-such-option"])
     assert ended.value.code == 0
-    assert capsys.readouterr().out == f"commbench {commbench.__version__}\n"
+    said = capsys.readouterr().out
+    assert said == f"commbench {commbench.__version__}\n"
+    for words in (["--version"], ["--version", "sweep", "--no-such-option"]):
+        assert main(words) == 0
+        assert capsys.readouterr().out == said, words
+
+
+def test_version_says_its_line_without_importing_torch():
+    """``commbench --version`` took five seconds on this VM: the launcher and the parser's choices
+    import torch, and it needs neither."""
+    probe = (
+        "import sys; from commbench.bench.cli import main; code = main(['--version']); "
+        "print(code, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "0 False", done.stdout + done.stderr
 
 
 def test_version_before_a_launching_command_starts_no_rank_server(monkeypatch):

@@ -783,6 +783,11 @@ def _main(argv: list[str] | None) -> int:
     from commbench.bench.records import note_given_descriptors
 
     note_given_descriptors()  # before the rank server's pipes: what --json /dev/fd/N may name
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["--version"]:
+        # as argparse's version action says it (it acts before any word after it is read), without
+        # the parser's import of torch: seconds for one line
+        print(f"commbench {commbench.__version__}")
+        return 0
     try:
         refused = _start_rank_server(argv)
         if refused is not None:
