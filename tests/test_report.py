@@ -13,6 +13,7 @@ import pytest
 
 from commbench.bench import reporting
 from commbench.bench.cli import main
+from commbench.probes.wirecheck import says_off
 from tests.recorded import COMPARE_STRATEGIES
 
 
@@ -89,10 +90,16 @@ def test_a_point_out_of_tolerance_is_flagged(recorded, tmp_path):
     changed = None
     for i, line in enumerate(lines):
         r = json.loads(line)
-        if r.get("type") == "sweep" and r.get("wire_check") is None and r.get("computed_wire_bytes"):
+        if r.get("type") != "sweep" or not r.get("computed_wire_bytes"):
+            continue
+        if changed is None and r.get("wire_check") is None:
             r["wire_check"] = "measured 1.31x the computed bytes, outside 0.90-1.10"
-            lines[i], changed = json.dumps(r), r
-            break
+            changed = r
+        elif says_off(r.get("wire_check")):
+            # the recording's own verdict: loopback traffic of other processes on a busy machine
+            # can push a real point out of tolerance, and this test is about the one changed here
+            r["wire_check"] = None
+        lines[i] = json.dumps(r)
     assert changed is not None
     path = tmp_path / "flagged.jsonl"
     path.write_text("\n".join(lines) + "\n")
