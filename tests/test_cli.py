@@ -115,6 +115,9 @@ SMALL = ["--world-size", "2", "-n", "2", "-w", "1"]
         (["summary", "/nonexistent/a\vb.jsonl"], "cannot read /nonexistent/a\\x0bb.jsonl"),  # a break too
         (["sweep", "--json", "/nonexistent/a\nb.jsonl"], "cannot write /nonexistent/a\\nb.jsonl"),
         (["sweep", "--no-such\noption"], "unrecognized arguments: --no-such\\noption"),
+        (["sweep", "-c", "2"], "argument -c/--check: invalid choice"),
+        # a usage error names the subcommand whose option it is
+        (["sweep", "--backend", "mpi"], "commbench sweep: argument --backend: invalid choice"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
@@ -122,6 +125,54 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     err = capsys.readouterr().err
     assert needle in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_sweep_without_options_runs_the_documented_defaults(monkeypatch):
+    """What sweep --help says each option defaults to is what the sweep's config and launch get."""
+    import dataclasses
+
+    from commbench.bench import launch
+
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    args = cli.build_parser().parse_args(["sweep"])
+    assert dataclasses.asdict(cli.sweep_config(args)) == {
+        "collective": "all_reduce",
+        "algorithms": ("builtin", "naive", "ring"),
+        "min_bytes": 1024,
+        "max_bytes": 64 << 20,
+        "step_factor": 2.0,
+        "step_bytes": None,
+        "iters": 20,
+        "warmup": 5,
+        "block": 1,
+        "check": True,
+        "dtype": "float32",
+        "op": "sum",
+        "root": 0,
+        "in_place": False,
+        "limit": True,
+        "probe": True,
+        "probe_iters": 3,
+        "probe_interval_s": 0.1,
+        "json_path": None,
+        "csv_path": None,
+        "quiet": False,
+    }
+    assert cli.launch_spec(args) == launch.LaunchSpec(
+        world_size=2, device="cpu", backend=None, timeout_s=120.0
+    )
+
+
+def test_a_sweep_s_switches_turn_off_the_check_and_the_limit():
+    config = cli.sweep_config(cli.build_parser().parse_args(["sweep", "-c", "0", "--no-limit"]))
+    assert (config.check, config.limit) == (False, False)
+
+
+def test_empty_names_in_an_algorithm_list_are_dropped():
+    """A stray comma or space (``-a "builtin, ring,"``) names no algorithm of its own."""
+    args = cli.build_parser().parse_args(["sweep", "-a", "builtin, ring,"])
+    assert cli.sweep_config(args).algorithms == ("builtin", "ring")
 
 
 def test_version_is_said_as_argparse_says_it(capsys):
@@ -1689,6 +1740,43 @@ def test_a_path_behind_a_directory_without_access_is_one_line(monkeypatch, capsy
     assert err == "commbench: error: cannot write /root/out.jsonl: Permission denied\n"
 
 
+def test_a_file_system_error_no_check_foresaw_fails_the_run_in_one_line(monkeypatch, capsys):
+    """Not the input's fault (the checks passed): exit 1, not 2."""
+    from commbench.bench import starter
+
+    def refused(*args):
+        raise PermissionError(13, "Permission denied", "x")
+
+    monkeypatch.setattr(starter, "start", lambda: None)
+    monkeypatch.setattr(cli, "cmd_sweep", refused)
+    assert main(["sweep", "-b", "1K", "-e", "1K"]) == 1
+    assert capsys.readouterr().err == "commbench: error: [Errno 13] Permission denied: 'x'\n"
+
+
+@pytest.mark.parametrize(
+    "detail, bad_input, code",
+    [
+        ("ValueError: root 3 is not a rank", False, 2),
+        ("TypeError: an integer is required", False, 2),
+        ("RuntimeError: Connection closed by peer", False, 1),
+        ("killed by signal 9", False, 1),
+        ("refused its input", True, 2),
+    ],
+)
+def test_a_failed_rank_exits_2_for_bad_input_and_1_otherwise(monkeypatch, capsys, detail, bad_input, code):
+    """A rank that refused its input (its ValueError or TypeError, or one it marked so) is bad input,
+    as the same refusal before the launch is; any other failure is a failed run."""
+    from commbench.bench import launch, starter
+
+    def failed(*args):
+        raise launch.RankFailed(1, detail, bad_input=bad_input)
+
+    monkeypatch.setattr(starter, "start", lambda: None)
+    monkeypatch.setattr(launch, "run", failed)
+    assert main(["sweep", "-b", "1K", "-e", "1K", "--world-size", "2", "--no-probe", "-q"]) == code
+    assert capsys.readouterr().err == f"commbench: rank 1 failed: {detail}\n"
+
+
 @pytest.mark.slow
 def test_a_sweep_whose_reader_leaves_early_runs_to_the_end(tmp_path):
     """``commbench sweep ... | head -1``: the table stops, the run and its records do not."""
@@ -1893,6 +1981,7 @@ def test_a_local_world_too_big_to_start_is_refused_before_the_sweep_is_sized(mon
             {"SLURM_PROCID": "3", "SLURM_NTASKS": "2", "MASTER_ADDR": "127.0.0.1"},
             "$SLURM_PROCID=3 from the launcher is not a rank of $SLURM_NTASKS=2",
         ),
+        ({"RANK": "2", "WORLD_SIZE": "2"}, "$RANK=2 from the launcher is not a rank of $WORLD_SIZE=2"),
         (
             {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "abc"},
             "$MASTER_PORT='abc' from the launcher is not a TCP port (1 to 65535)",
@@ -1900,6 +1989,14 @@ def test_a_local_world_too_big_to_start_is_refused_before_the_sweep_is_sized(mon
         (
             {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "70000"},
             "$MASTER_PORT='70000' from the launcher is not a TCP port (1 to 65535)",
+        ),
+        (
+            {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "0"},
+            "$MASTER_PORT='0' from the launcher is not a TCP port (1 to 65535)",
+        ),
+        (
+            {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "65536"},
+            "$MASTER_PORT='65536' from the launcher is not a TCP port (1 to 65535)",
         ),
     ],
 )
@@ -1915,6 +2012,15 @@ def test_a_launcher_s_rank_outside_its_world_is_one_line_and_exit_2(monkeypatch,
     monkeypatch.setattr(launch, "run", lambda *a: pytest.fail("joined a group"))
     assert main(["sweep", "-b", "1K", "-e", "1K"]) == 2
     assert capsys.readouterr().err == f"commbench: error: {message}\n"
+
+
+@pytest.mark.parametrize("port", ["1", "65535"])
+def test_a_launcher_s_port_at_either_end_of_the_range_is_taken(monkeypatch, port):
+    for name in ("SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": port}.items():
+        monkeypatch.setenv(name, value)
+    assert cli.external_rank_and_world() == (1, 2)
 
 
 def test_the_demo_under_a_launcher_is_refused(monkeypatch, capsys, tmp_path):
@@ -2003,13 +2109,23 @@ def test_records_named_by_one_of_the_commands_file_descriptors_reach_it(tmp_path
     assert paths[1].read_text().startswith("collective,") and len(paths[1].read_text().splitlines()) == 5
 
 
-def test_a_sweep_whose_check_finds_wrong_elements_fails_as_nccl_tests_does(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("host, code", [(False, 1), (True, 0)], ids=["alone", "a-cluster-s-host"])
+def test_a_sweep_whose_check_finds_wrong_elements_fails_as_nccl_tests_does(
+    tmp_path, monkeypatch, capsys, host, code
+):
     """#wrong was a column and no more: the sweep exited 0, so a script, or a study's report, took a
-    broken collective for a measured one (nccl-tests exits with a failure on any wrong value)."""
+    broken collective for a measured one (nccl-tests exits with a failure on any wrong value). A
+    cluster's host says so and exits 0: the cluster reads the wrong points and fails the run."""
     import torch.distributed as dist
 
-    from commbench.bench import launch
+    from commbench.bench import cluster, launch
     from commbench.bench.collectives import AllReduce
+
+    monkeypatch.delenv(cluster.COMMAND_ENV, raising=False)
+    if host:
+        monkeypatch.setenv(cluster.HOST_ENV, "1")
+    else:
+        monkeypatch.delenv(cluster.HOST_ENV, raising=False)
 
     monkeypatch.setattr(AllReduce, "wrong", lambda self, b, op, rank, world, root: 3)
 
@@ -2024,7 +2140,7 @@ def test_a_sweep_whose_check_finds_wrong_elements_fails_as_nccl_tests_does(tmp_p
     out = tmp_path / "r.jsonl"
     argv = ["sweep", "-b", "1K", "-e", "2K", "-n", "1", "-w", "0", "-a", "builtin,ring", "--no-probe", "-q",
             "--world-size", "1", "--json", str(out)]  # fmt: skip
-    assert main(argv) == 1
+    assert main(argv) == code
     assert capsys.readouterr().err == (
         "commbench: wrong results in 4 of 6 points (elements over all ranks that differ from the closed "
         "form): all_reduce builtin at 1024 B (3), all_reduce ring at 1024 B (3), all_reduce builtin at "
@@ -2032,6 +2148,26 @@ def test_a_sweep_whose_check_finds_wrong_elements_fails_as_nccl_tests_does(tmp_p
     )
     records = [json.loads(line) for line in out.read_text().splitlines()[1:]]
     assert [r["wrong"] for r in records] == [3, 3, 0] * 2  # every point is kept, the limit's right
+
+
+def _point(size_bytes: int, wrong: int) -> dict:
+    return {"collective": "all_reduce", "algorithm": "ring", "size_bytes": size_bytes, "wrong": wrong}
+
+
+@pytest.mark.parametrize(
+    "wrong, ends",
+    [
+        ([0, 0], None),
+        ([1, 2, 3, 0], "in 3 of 4 points (elements over all ranks that differ from the closed form): "
+         "all_reduce ring at 1 B (1), all_reduce ring at 2 B (2), all_reduce ring at 3 B (3)"),
+        ([1, 2, 3, 4], "in 4 of 4 points (elements over all ranks that differ from the closed form): "
+         "all_reduce ring at 1 B (1), all_reduce ring at 2 B (2), all_reduce ring at 3 B (3) and 1 more"),
+    ],
+    ids=["none", "three", "four"],
+)  # fmt: skip
+def test_the_wrong_results_line_names_three_points_and_counts_the_rest(wrong, ends):
+    said = cli.wrong_results([_point(size, w) for size, w in enumerate(wrong, start=1)])
+    assert said == (None if ends is None else f"wrong results {ends}")
 
 
 def test_every_option_with_a_default_names_it_in_its_help():
