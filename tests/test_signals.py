@@ -86,3 +86,35 @@ def test_further_signals_do_nothing_and_what_was_replaced_is_returned():
     finally:
         signal.signal(signal.SIGUSR1, usr1)
         signal.signal(signal.SIGUSR2, usr2)
+
+
+def test_a_handler_set_outside_python_is_left_as_it_is_now():
+    """getsignal gives None for a handler that Python did not set; signal.signal cannot take None
+    back (TypeError), so restore skips it and the handler now in place stays."""
+    old = signal.signal(signal.SIGUSR1, _raise)
+    try:
+        signals.restore({signal.SIGUSR1: None})
+        assert signal.getsignal(signal.SIGUSR1) is _raise
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def test_ignoring_further_signals_off_the_main_thread_changes_nothing():
+    """Only the main thread may set handlers: off it, signal.signal raised ValueError in the caller."""
+    old = signal.signal(signal.SIGUSR1, _raise)
+    got: list[object] = []
+
+    def body():
+        try:
+            got.append(signals.ignore_further((signal.SIGUSR1,)))
+        except Exception as exc:
+            got.append(exc)
+
+    try:
+        t = threading.Thread(target=body)
+        t.start()
+        t.join(10)
+        assert got == [{}]
+        assert signal.getsignal(signal.SIGUSR1) is _raise
+    finally:
+        signal.signal(signal.SIGUSR1, old)
