@@ -120,6 +120,14 @@ def test_shaping_qdiscs_and_validation():
         Shaping(loss_percent=200)
 
 
+def test_the_token_bucket_counts_toward_tcs_queue_limit():
+    """tc's queue limit is the rate over the queue's time plus the bucket: 3435 ms of 10 Gbit/s is
+    4_293_750_000 bytes, under 2**32 alone, over it with the default 10 MB bucket."""
+    assert Shaping(rate_bit=10**10, queue_ms=3435, burst_bytes=2048).burst == 2048
+    with pytest.raises(ValueError, match="comes to 4303750000 bytes of queue, more than tc's 4294967295"):
+        Shaping(rate_bit=10**10, queue_ms=3435)
+
+
 def test_topology_names_addresses_and_rank_order():
     topo = Topology(hosts=netns.MAX_HOSTS, owner=4242)
     assert topo.namespace(3) == "commbench-4242-h3" and topo.switch == "commbench-4242-sw"
@@ -158,6 +166,31 @@ def test_destroy_kills_a_process_forked_after_the_namespace_was_listed(monkeypat
         for p in (first, *late):
             p.kill()
             p.wait()
+
+
+def test_destroy_counts_as_failed_only_a_namespace_still_there(monkeypatch):
+    """A delete that fails because the namespace is gone already (removed beside it) is no failure."""
+    failed = subprocess.CompletedProcess([], 1, "", "Cannot remove namespace file: No such file")
+    monkeypatch.setattr(netns, "_run", lambda cmd, check=True: failed)
+    for left, expected in (([], []), (["commbench-1-h0"], ["commbench-1-h0"])):
+        monkeypatch.setattr(netns, "namespaces", lambda left=left: left)
+        assert netns.destroy(["commbench-1-h0"]) == expected
+
+
+def test_a_hosts_bytes_sent_are_its_switch_ports_bytes_received(monkeypatch):
+    links = [
+        {"ifname": "br0", "stats64": {"rx": {"bytes": 1}, "tx": {"bytes": 2}}},
+        {"ifname": "h0", "stats64": {"rx": {"bytes": 100}, "tx": {"bytes": 7}}},
+    ]
+    ran = []
+
+    def run(cmd, check=True):
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, json.dumps(links), "")
+
+    monkeypatch.setattr(netns, "_run", run)
+    assert netns.port_counters(Topology(hosts=1, owner=4242)) == {0: (100, 7)}  # (sent, received)
+    assert ran == [["ip", "-n", "commbench-4242-sw", "-s", "-j", "link", "show"]]
 
 
 def test_stale_scratch_directories_are_those_of_dead_owners(tmp_path):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+
+import psutil
 
 import commbench
 from commbench.bench import machine, reporting
@@ -61,6 +64,37 @@ def test_an_installed_copy_inside_another_repository_has_no_commit(tmp_path):
     (tmp_path / "commbench").mkdir()
     (tmp_path / "commbench" / "__init__.py").write_text("")
     assert machine.git_commit(tmp_path) == (None, None)
+
+
+def test_a_vendored_copy_inside_another_repository_has_no_commit(tmp_path):
+    """A project that commits a copy of commbench (vendor/commbench) tracks the package, but its
+    commit is the project's: commbench's commit is that of a checkout whose top holds the package."""
+    _commit_one(tmp_path, "vendor/commbench/__init__.py")
+    assert machine.git_commit(tmp_path / "vendor") == (None, None)
+
+
+def test_the_command_line_reads_as_commbench_however_it_was_started(monkeypatch):
+    """python -m commbench (argv[0] the package's __main__.py) and the installed script alike."""
+    monkeypatch.setattr(sys, "argv", ["/x/commbench/__main__.py", "sweep", "-b", "1K"])
+    assert machine.command_line() == "commbench sweep -b 1K"
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/commbench", "x"])
+    assert machine.command_line() == "commbench x"
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/other", "a b"])
+    assert machine.command_line() == "/usr/bin/other 'a b'"
+    assert machine.command_line(["train", "a b"]) == "commbench train 'a b'"
+
+
+def test_host_copies_that_never_happen_are_recorded_as_never(monkeypatch):
+    """None from the setting means host copies are never made, which the header says in words."""
+    from commbench import comm
+
+    monkeypatch.setattr(comm, "stage_whole_from", lambda: None)
+    assert machine.machine_info("gloo")["gloo_cuda_host_copies_from"] == comm.NEVER == "never"
+
+
+def test_the_physical_cores_are_psutils_not_the_logical_count(monkeypatch):
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 64 if logical else 12)
+    assert machine.machine_info("gloo")["cpu_physical_cores"] == 12
 
 
 def test_the_header_and_the_report_say_when_the_code_was_modified():

@@ -104,6 +104,27 @@ def test_a_probe_that_cannot_start_leaves_nvml_closed(fake_nvml, monkeypatch):
     assert fake_nvml.inits == fake_nvml.shutdowns == 1
 
 
+def test_a_probe_that_finishes_leaves_nvml_closed(fake_nvml, monkeypatch):
+    from commbench.bench import probing
+
+    monkeypatch.setenv("COMMBENCH_NIC", "lo")
+    probe = probing.RunProbe(0.1)
+    probe.mark("start")
+    assert probe.finish()["type"] == "probe"
+    assert fake_nvml.inits == fake_nvml.shutdowns == 1
+
+
+def test_the_probe_interval_is_from_1_ms_to_a_minute():
+    import argparse
+
+    from commbench.bench import probing
+
+    assert probing.probe_interval("0.001") == 0.001 and probing.probe_interval("60") == 60.0
+    for text in ("0.0009", "60.5", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"must be between 0.001 and 60 s, got {text}"):
+            probing.probe_interval(text)
+
+
 def test_a_sweep_whose_probe_cannot_start_closes_its_record_file(fake_nvml, monkeypatch, tmp_path):
     """The record file, its header written, was left open when the probe failed to start."""
     from commbench.bench import sweep

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,6 +74,18 @@ def test_classify_does_not_take_names_alike_for_communication():
     assert profile.classify(stack) == "communication"
     c10d = ["step (loop.py:1)", "broadcast (torch/distributed/distributed_c10d.py:2700)"]
     assert profile.classify(c10d) == "communication"
+
+
+def test_only_a_threading_wait_under_a_gradient_sync_is_communication():
+    """A sync strategy starting its transport thread waits in Thread.start for the thread to run:
+    a threading call under the strategy's frame, but no allreduce."""
+    start = [
+        "step (commbench/trainers/loop.py:1)",
+        "_RingThread.__init__ (commbench/trainers/sync.py:250)",
+        "Thread.start (threading.py:999)",
+        "Event.wait (threading.py:629)",
+    ]
+    assert profile.classify(start) == "elsewhere"
 
 
 def test_classify_takes_forward_and_backward_by_the_frames_own_name():
@@ -163,6 +176,14 @@ def test_ranks_are_found_by_the_name_the_launcher_gives_them():
     assert profile._discover(top, 7) == {501: 2}
 
 
+def test_a_process_with_rank_but_no_local_rank_is_not_taken_for_a_rank():
+    """RANK alone is any program's variable (a job script's, another launcher's); torchrun gives
+    its ranks LOCAL_RANK too."""
+    top = _Top()
+    top.kids = [_Proc(600, 7, {"RANK": "1"}), _Proc(601, 7, {"RANK": "2", "LOCAL_RANK": "0"})]
+    assert profile._discover(top, 7) == {601: 2}
+
+
 def test_a_rank_names_itself_as_profile_reads_it():
     from commbench.bench import starter
 
@@ -213,9 +234,71 @@ def test_flamegraph_writer(tmp_path):
     assert text.startswith("<svg") and "ring_all_reduce" in text and "#e4572e" in text and "{y" not in text
 
 
+def test_flamegraph_siblings_sit_side_by_side(tmp_path):
+    """Each frame's children share its width in turn, the second starting where the first ends."""
+    stacks = [(["main (m.py:1)", "a (a.py:1)"], 5), (["main (m.py:1)", "b (b.py:1)"], 5)]
+    path = tmp_path / "f.svg"
+    profile.write_flamegraph(stacks, path, "t")
+    xs = dict(re.findall(r"<title>(\w+) \(.*?</title><rect x=\"([\d.]+)\"", path.read_text()))
+    assert xs == {"main": "0.00", "a": "0.00", "b": "600.00"}  # the graph is 1200 wide
+
+
+def test_speedscope_weights_are_seconds_at_the_sampling_rate(tmp_path):
+    path = tmp_path / "p.speedscope.json"
+    profile.write_speedscope([(["a (x.py:1)"], 5), (["a (x.py:1)", "b (y.py:2)"], 10)], path, "r0", 50)
+    (doc,) = json.loads(path.read_text())["profiles"]
+    assert doc["unit"] == "seconds" and doc["samples"] == [[0], [0, 1]]
+    assert doc["weights"] == pytest.approx([0.1, 0.2]) and doc["endValue"] == pytest.approx(0.3)
+
+
+def test_a_ranks_hottest_frames_are_its_innermost_python_frames_heaviest_first(tmp_path):
+    raw = tmp_path / "rank0-pid1.txt"
+    raw.write_text(
+        "<module> (x.py:1);step (loop.py:2);ring_all_reduce (commbench/comm/ring.py:40) 5\n"
+        "<module> (x.py:1);step (loop.py:2);broadcast (torch/distributed/distributed_c10d.py:2700);"
+        "c10d::ProcessGroupGloo::AsyncWork::wait 9\n"
+    )
+    p = profile.summarise(0, 1, raw, native=True, profile_path=None)
+    assert (p.samples, p.communication, p.compute, p.elsewhere) == (14, 14, 0, 0)
+    assert p.top["communication"] == [
+        ("broadcast (torch/distributed/distributed_c10d.py:2700)", 9),
+        ("ring_all_reduce (commbench/comm/ring.py:40)", 5),
+    ]
+
+
+def test_a_rank_without_samples_names_py_spys_last_line(tmp_path):
+    """py-spy warns before it fails: its last line says why."""
+    log = tmp_path / "rank0-pid1.log"
+    log.write_text("warning: x\nError: Failed to attach\n\n")
+    p = profile.summarise(0, 1, tmp_path / "rank0-pid1.txt", native=False, profile_path=None, log=log)
+    assert p.samples == 0 and p.failure() == "py-spy: Error: Failed to attach"
+
+
 def test_missing_py_spy_is_one_line():
     with pytest.raises(ValueError, match="py-spy not found"):
         profile.check_py_spy(None)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_each_rank_is_recorded_raw_with_idle_waits_and_threads_and_native_frames_as_asked(native, tmp_path):
+    """Idle samples are what a rank waiting on the network shows; raw is what summarise reads."""
+    out = tmp_path / "rank0-pid42.txt"
+    cmd = profile._record_cmd("/bin/py-spy", 42, 250, native, out)
+    assert cmd[:4] == ["/bin/py-spy", "record", "--pid", "42"]
+    assert cmd[cmd.index("--rate") + 1] == "250" and cmd[cmd.index("--format") + 1] == "raw"
+    assert cmd[cmd.index("--output") + 1] == str(out)
+    assert "--idle" in cmd and "--threads" in cmd
+    assert ("--native" in cmd) is native
+
+
+def test_a_py_spy_that_may_not_ptrace_is_told_how_to_allow_it(tmp_path):
+    fake = tmp_path / "py-spy"
+    fake.write_text('#!/bin/sh\necho "Error: Permission denied (os error 1)" >&2; exit 1\n')
+    fake.chmod(0o755)
+    with pytest.raises(
+        ValueError, match=r"Permission denied \(os error 1\) \(ptrace not permitted: run as root"
+    ):
+        profile.check_py_spy(str(fake))
 
 
 @pytest.mark.parametrize("out", ["profiles", "a/b/profiles"])
@@ -241,12 +324,25 @@ def test_a_py_spy_that_cannot_run_is_one_line_and_leaves_no_directory(tmp_path, 
     assert [p.name for p in tmp_path.iterdir()] == ["bin"]
 
 
-def _fake_py_spy(where: Path) -> str:
-    """A py-spy that attaches for the check (dump) but whose recorders fail, as py-spy's would."""
+def _fake_py_spy(where: Path, *, records_without_native: bool = False) -> str:
+    """A py-spy that attaches for the check (dump) but whose recorders fail, as py-spy's would; with
+    ``records_without_native`` only a recorder given --native fails, and one without it writes one
+    stack to its --output and exits 0, as py-spy does where it cannot unwind native frames."""
     where.mkdir(exist_ok=True)
     fake = where / "py-spy"
+    records = ""
+    if records_without_native:
+        records = (
+            'case " $* " in *" --native "*) ;; *)\n'
+            '  while [ "$#" -gt 0 ]; do\n'
+            '    [ "$1" = --output ] && echo "<module> (x.py:1) 3" > "$2"; shift\n'
+            "  done\n"
+            "  exit 0;;\nesac\n"
+        )
     fake.write_text(
-        '#!/bin/sh\nif [ "$1" = dump ]; then exit 0; fi\necho "Error: Failed to attach" >&2; exit 1\n'
+        '#!/bin/sh\nif [ "$1" = dump ]; then exit 0; fi\n'
+        + records
+        + 'echo "Error: Failed to attach" >&2; exit 1\n'
     )
     fake.chmod(0o755)
     return str(fake)
@@ -297,6 +393,14 @@ def test_a_command_without_ranks_is_refused_in_one_line(command, capsys):
     assert main(["profile", "--", command]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"not {command!r}" in err
+
+
+def test_the_rate_is_1_to_10000_samples_per_second():
+    for rate in (1, 10000):
+        assert profile.ProfileConfig(inner=("sweep",), rate_hz=rate).rate_hz == rate
+    for rate in (0, 10001):
+        with pytest.raises(ValueError, match=f"--rate must be in 1..10000 samples per second, got {rate}"):
+            profile.ProfileConfig(inner=("sweep",), rate_hz=rate)
 
 
 @pytest.mark.slow  # two imports of torch (9 s); make test keeps profile's own refusals (CI's ten minutes)
@@ -483,3 +587,91 @@ def test_an_inner_command_that_refuses_removes_only_an_empty_directory(tmp_path,
             assert (out / "rank0-pid1.txt").read_text() == "other"
         else:
             assert not (tmp_path / "a").exists()  # made by this run, parents too, and empty
+
+
+def test_a_recorder_that_fails_with_native_frames_is_started_again_without(tmp_path, monkeypatch):
+    """Where py-spy cannot unwind native frames (--native unsupported here), the rank is recorded
+    without them rather than not at all."""
+    fake = _fake_py_spy(tmp_path / "bin", records_without_native=True)
+    rank = subprocess.Popen(["sleep", "60"])
+    started, stop = [], []
+    start = profile._start
+    monkeypatch.setattr(profile, "_start", lambda *a: started.append(start(*a)) or started[-1])
+
+    def discover(top, top_pid):
+        if len(started) == 1:  # the first recorder's py-spy must have ended before the loop looks again
+            started[0].proc.wait(timeout=30)
+        elif len(started) == 2:  # started again: the run may stop
+            stop.append(signal.SIGTERM)
+        return {rank.pid: 0}
+
+    monkeypatch.setattr(profile, "_discover", discover)
+    # the inner command: a stand-in that lives until the run stops it (commbench's own imports torch)
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexec sleep 60\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(profile.sys, "executable", str(python))
+    config = profile.ProfileConfig(inner=("sweep",), out_dir=str(tmp_path))
+    try:
+        _, recorders = profile.profile_command(config, fake, stop)
+    finally:
+        rank.kill()
+        rank.wait()
+    assert [(r.native, r.proc.returncode) for r in started] == [(True, 1), (False, 0)]
+    (rec,) = recorders
+    assert (rec.rank, rec.pid, rec.native) == (0, rank.pid, False)
+    assert rec.raw.read_text() == "<module> (x.py:1) 3\n"
+
+
+def _recorded(out: Path) -> profile._Recorder:
+    """A recorder that has finished, with one stack in its raw file."""
+    raw = out / "rank0-pid1.txt"
+    raw.write_text("<module> (x.py:1);f (y.py:2) 3\n")
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return profile._Recorder(rank=0, pid=1, raw=raw, proc=proc, native=False, log=out / "r.log")
+
+
+def test_a_command_that_refuses_its_input_after_its_ranks_were_recorded_keeps_the_summary(
+    tmp_path, monkeypatch
+):
+    """Exit 2 with nothing recorded removes the directory; exit 2 from ranks that were recorded
+    (a rank refusing what the parser let through) is a run whose profiles are kept."""
+    out = tmp_path / "prof"
+    monkeypatch.setattr(profile, "check_py_spy", lambda py_spy: None)
+    monkeypatch.setattr(profile, "profile_command", lambda config, py_spy, stop: (2, [_recorded(out)]))
+    config = profile.ProfileConfig(inner=("sweep",), out_dir=str(out))
+    code, profiles, stopped = profile.run_profile(config, py_spy="py-spy")
+    assert (code, [p.samples for p in profiles], stopped) == (profile.BAD_INPUT, [3], None)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["returncode"] == 2 and [r["samples"] for r in summary["ranks"]] == [3]
+
+
+def test_the_summary_names_the_signal_that_stopped_the_run(tmp_path, monkeypatch):
+    out = tmp_path / "prof"
+
+    def stopped(config, py_spy, stop):
+        os.kill(os.getpid(), signal.SIGINT)  # noted by run_profile's handler, as a Ctrl-C mid-run
+        return 130, [_recorded(out)]
+
+    monkeypatch.setattr(profile, "check_py_spy", lambda py_spy: None)
+    monkeypatch.setattr(profile, "profile_command", stopped)
+    config = profile.ProfileConfig(inner=("sweep",), out_dir=str(out))
+    assert profile.run_profile(config, py_spy="py-spy")[2] == signal.SIGINT
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by"] == "SIGINT" and summary["returncode"] == 130
+
+
+@pytest.mark.parametrize(
+    ("code", "stopped", "said"),
+    [
+        (128 + signal.SIGTERM, signal.SIGTERM, False),  # the command said it was stopped: not again
+        (0, signal.SIGINT, True),  # it had ended first: the CLI says the run was interrupted
+    ],
+    ids=["command-stopped", "command-done"],
+)
+def test_a_stopped_profile_says_so_once(tmp_path, monkeypatch, capsys, code, stopped, said):
+    monkeypatch.setattr(profile, "run_profile", lambda config: (code, [], stopped))
+    assert main(["profile", "-o", str(tmp_path / "prof"), "--", "sweep", "-b", "1K"]) == 128 + stopped
+    err = capsys.readouterr().err
+    assert ("commbench: interrupted" in err) is said, err
