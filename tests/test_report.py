@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from commbench.bench import reporting
+from commbench.bench import report, reporting
 from commbench.bench.cli import main
 from commbench.probes.wirecheck import says_off
 from tests.recorded import COMPARE_STRATEGIES
@@ -66,6 +66,15 @@ def _check_cells(run: reporting.Run) -> dict[str, list[str]]:
     return {r[0]: r for r in rows}
 
 
+def _point(r: dict) -> str:
+    """A point's label in the byte check, as the sweep's table names it: what auto picked, and the
+    send/recv measured beside another collective as the limit."""
+    size = reporting._size(r["size_bytes"])
+    if r["collective"] == "sendrecv":
+        return f"limit (send/recv) {size}"
+    return f"{r['collective']} {report.series_name(r)} {size}"
+
+
 def test_every_checked_point_has_its_verdict(recorded):
     run = reporting.load_run(recorded["sweep"])
     checked = [r for r in run.sweeps if r.get("computed_wire_bytes") is not None]
@@ -74,7 +83,7 @@ def test_every_checked_point_has_its_verdict(recorded):
     )
     cells = _check_cells(run)
     for r in checked:
-        row = cells[f"{r['collective']} {r['algorithm']} {reporting._size(r['size_bytes'])}"]
+        row = cells[_point(r)]
         assert row[1] == f"{r['computed_wire_bytes']:,d}"
         verdict = r["wire_check"]
         if verdict is None:
@@ -105,10 +114,67 @@ def test_a_point_out_of_tolerance_is_flagged(recorded, tmp_path):
     path.write_text("\n".join(lines) + "\n")
     run = reporting.load_run(path)
     cells = _check_cells(run)
-    label = f"{changed['collective']} {changed['algorithm']} {reporting._size(changed['size_bytes'])}"
+    label = _point(changed)
     assert cells[label][-1] == "FLAG: measured 1.31x the computed bytes, outside 0.90-1.10"
     others = [c[-1] for k, c in cells.items() if k != label]
     assert others and not any(c.startswith("FLAG") for c in others)
+
+
+def _rewritten(src: Path, dst: Path, change) -> reporting.Run:
+    """The run of ``src`` with ``change(record)`` applied to each sweep record, as read from ``dst``."""
+    lines = []
+    for line in src.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("type") == "sweep":
+            change(r)
+        lines.append(json.dumps(r))
+    dst.write_text("\n".join(lines) + "\n")
+    return reporting.load_run(dst)
+
+
+def test_a_hosts_cpu_time_is_shown_only_over_long_enough_counted_work(recorded, tmp_path):
+    """Three calls of a few ms each held 0 or 1 ticks of 10 ms: 0.0000 beside 0.0033 s per call, read
+    as measured CPU time. Where the counted work took under half a second the cells say '-'."""
+
+    def counted(took):
+        def change(r):
+            for h in r.get("hosts") or []:
+                h["counted_s"] = took
+
+        return change
+
+    for took, shown in ((0.02, False), (0.5, True), (None, True)):
+        run = _rewritten(recorded["sweep"], tmp_path / "r.jsonl", counted(took))
+        blocks = reporting.wire_section(run)
+        per_host = blocks[blocks.index(next(b for b in blocks if getattr(b, "text", "") == "Per host")) + 2]
+        cpu = [list(row[-2:]) for row in per_host.rows]
+        assert cpu and all((c != ["-", "-"]) is shown for c in cpu), (took, cpu)
+        assert "at each series' largest size" in blocks[-2].text and "under 0.5 s" in blocks[-2].text
+
+
+def test_a_lone_sweep_of_another_op_or_block_says_so_in_its_heading(recorded, tmp_path):
+    """The op and --block were named only where two tables shared the rest of a heading: a lone
+    `-o max` or `--block 7` sweep was headed as a default one."""
+
+    def change(r):
+        if r["collective"] != "sendrecv":
+            r["op"] = "max"
+        r["block"] = 7
+
+    run = _rewritten(recorded["sweep"], tmp_path / "r.jsonl", change)
+    headings = [
+        b.text
+        for b in reporting.sweep_section(run, reporting._Plots(tmp_path))
+        if getattr(b, "level", 0) == 3
+    ]
+    assert headings == ["Sweep: all_reduce, 3 ranks, gloo on cpu, float32, max, --block 7"]
+    run = reporting.load_run(recorded["sweep"])
+    headings = [
+        b.text
+        for b in reporting.sweep_section(run, reporting._Plots(tmp_path))
+        if getattr(b, "level", 0) == 3
+    ]
+    assert headings == ["Sweep: all_reduce, 3 ranks, gloo on cpu, float32"]
 
 
 def _scaled_copy(src: Path, dst: Path, busbw: float, step: float) -> Path:
@@ -504,29 +570,43 @@ def test_what_matplotlib_says_of_odd_values_stays_out_of_the_report_output(tmp_p
     assert [str(w.message) for w in caught] == [] and capsys.readouterr().err == ""
 
 
-def test_the_breakdowns_hidden_comm_marker_is_the_comm_that_ran_during_backward(tmp_path, monkeypatch):
+def test_the_breakdowns_hidden_comm_is_the_comm_that_ran_during_backward_hatched_over_it(
+    tmp_path, monkeypatch
+):
     """comm less exposed comm also held the buffer broadcast before forward, which is neither hidden
-    nor exposed: naive and ring, which hide nothing, were drawn hiding the broadcast's time."""
+    nor exposed: naive and ring, which hide nothing, were drawn hiding the broadcast's time. The
+    hidden part was a mark at its height from zero, read as a boundary inside the stack: it is
+    hatched over the top of the backward part, at most all of it. The parts are medians each, and
+    the median step is marked beside their sum."""
     from matplotlib.axes import Axes
 
     from commbench.bench.report import plot_training
 
-    drawn = []
-    scatter = Axes.scatter
+    bars, marks = [], []
+    bar, scatter = Axes.bar, Axes.scatter
     monkeypatch.setattr(
-        Axes, "scatter", lambda self, x, y, **k: drawn.append(list(y)) or scatter(self, x, y, **k)
+        Axes, "bar", lambda self, x, h, **k: bars.append((list(h), k)) or bar(self, x, h, **k)
+    )
+    monkeypatch.setattr(
+        Axes, "scatter", lambda self, x, y, **k: marks.append(list(y)) or scatter(self, x, y, **k)
     )
     base = {"model": "vgg11", "world_size": 2, "backend": "gloo", "batch_size": 16, "data_ms": 1.0}
     base |= {"forward_ms": 10.0, "backward_ms": 20.0, "optimizer_ms": 1.0}
     summaries = [
         base
         | {"strategy": "naive", "comm_ms": 156.56, "exposed_comm_ms": 125.26, "hidden_comm_fraction": 0.0},
-        base | {"strategy": "ddp", "comm_ms": 218.41, "exposed_comm_ms": 63.99, "hidden_comm_fraction": 0.59},
+        base | {"strategy": "ddp", "comm_ms": 21.8, "exposed_comm_ms": 6.4, "hidden_comm_fraction": 0.59},
+        base | {"strategy": "bucketed", "comm_ms": 80.0, "exposed_comm_ms": 2.0, "hidden_comm_fraction": 0.9},
         base | {"strategy": "dp", "comm_ms": None, "exposed_comm_ms": 0.0, "hidden_comm_fraction": None},
     ]
+    steps = [160.0, 37.5, 33.0, 31.5]
+    summaries = [s | {"step_time_ms": t} for s, t in zip(summaries, steps, strict=True)]
     plot_training([], summaries, tmp_path / "b.png", tmp_path / "l.png")
-    (hidden,) = drawn
-    assert hidden == [0.0, pytest.approx(218.41 * 0.59), 0.0]
+    (hidden,) = [(h, k) for h, k in bars if k.get("hatch")]
+    assert hidden[0] == [0.0, pytest.approx(21.8 * 0.59), 20.0, 0.0]  # bucketed's: all of backward
+    backward_top = 1.0 + 10.0 + 20.0
+    assert hidden[1]["bottom"] == pytest.approx([backward_top - h for h in hidden[0]])
+    assert marks == [steps]
 
 
 @pytest.mark.parametrize("where", ["plot_throughput", "plot_training"])

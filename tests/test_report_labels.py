@@ -394,3 +394,64 @@ def test_the_spread_counts_runs_strictly_under_each_mark():
     lines = report.spread_table(runs).splitlines()
     assert lines[0] == "| size (B) | ring / builtin: mean [low, high] (< 0.9, < 1.0 of runs) |"
     assert lines[2:] == ["| 4096 | 1.00 [0.90, 1.10] (0, 1 of 3) |"]
+
+
+def _drawn(monkeypatch, records: list[dict]) -> tuple[dict[str, dict], list[str]]:
+    """Each line plot_busbw draws, by its legend label (colour, line style, marker), and the size
+    axis's tick labels."""
+    from matplotlib.axes import Axes
+
+    lines: dict[str, dict] = {}
+    ticks: list[str] = []
+    plot = Axes.plot
+
+    def kept(self, xs, ys, **style):
+        lines[style["label"]] = {k: style.get(k) for k in ("color", "linestyle", "marker")}
+        return plot(self, xs, ys, **style)
+
+    def saved(fig, path, dpi):
+        fig.canvas.draw()
+        ticks.extend(t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_text())
+
+    monkeypatch.setattr(Axes, "plot", kept)
+    monkeypatch.setattr(report, "_save", saved)
+    report.plot_busbw(records, "unused.png", "t")
+    return lines, ticks
+
+
+def test_an_algorithm_keeps_its_colour_whatever_else_a_run_swept(monkeypatch):
+    """Colours came from matplotlib's cycle in the run's order: ring was green beside builtin and
+    naive, and blue in a run of ring, naive and auto, so two runs' plots read differently."""
+    sizes = (1 << 12, 1 << 14)
+    first, _ = _drawn(
+        monkeypatch, [_record("all_reduce", a, n, 1.0) for a in ("builtin", "naive", "ring") for n in sizes]
+    )
+    second, _ = _drawn(
+        monkeypatch, [_record("all_reduce", a, n, 1.0) for a in ("ring", "naive") for n in sizes]
+    )
+    assert first["ring"] == second["ring"] and first["naive"] == second["naive"]
+    assert len({first[a]["color"] for a in first}) == 3
+    # a segmented ring keeps the ring's colour with a line and marker of its own
+    both, _ = _drawn(
+        monkeypatch, [_record("all_reduce", a, n, 1.0) for a in ("ring", "ring@64K") for n in sizes]
+    )
+    assert both["ring@64K"]["color"] == both["ring"]["color"]
+    assert (both["ring@64K"]["linestyle"], both["ring@64K"]["marker"]) != (
+        both["ring"]["linestyle"],
+        both["ring"]["marker"],
+    )
+
+
+def test_auto_says_in_the_legend_what_it_picked_at_which_sizes_and_sizes_read_as_k_and_m(monkeypatch):
+    """The table said auto:rd and auto:ring size by size; the plot's legend said auto."""
+    picks = {1 << 12: "rd", 1 << 16: "rd", 1 << 20: "ring", 1 << 22: "ring"}
+    records = [_record("all_reduce", "auto", n, 1.0) | {"resolved_algorithm": p} for n, p in picks.items()]
+    lines, ticks = _drawn(monkeypatch, records + [_record("sendrecv", "p2p", n, 2.0) for n in picks])
+    assert set(lines) == {"auto (rd to 64K, ring from 1M)", "limit (send/recv)"}
+    assert {"4K", "64K", "1M", "4M"} <= set(ticks) and not any("^" in t for t in ticks)
+    one, _ = _drawn(monkeypatch, [r | {"resolved_algorithm": "rd"} for r in records])
+    assert set(one) == {"auto (rd)"}
+    three = [
+        r | {"resolved_algorithm": p} for r, p in zip(records, ("rd", "ring", "ring", "hd"), strict=True)
+    ]
+    assert set(_drawn(monkeypatch, three)[0]) == {"auto (rd to 4K, ring 64K-1M, hd from 4M)"}

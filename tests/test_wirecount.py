@@ -326,3 +326,14 @@ def test_a_refused_demo_leaves_no_results_directory(monkeypatch, tmp_path, capsy
     monkeypatch.setenv("COMMBENCH_LINK_GBPS", "junk")
     assert cli.main(["demo"]) == 2
     assert "$COMMBENCH_LINK_GBPS='junk'" in capsys.readouterr().err and not (tmp_path / "results").exists()
+
+
+def test_a_hosts_counted_time_is_kept_beside_its_cpu_time() -> None:
+    """CPU time moves in 10 ms ticks: the report shows a CPU time per call only where the counted work
+    took long enough, so the count keeps how long that was (rank 0's reading of its host)."""
+    c = _counter([[0, 1]], ["lo"], "loopback", 65536, None)
+    sent = [1_000_000, 1_000_000]
+    row = [2_002_000, 2_002_000, 0, 0, 0.01, 0.0, 40, 0]
+    wc = c.summarise([row + [0.02, math.nan, 0.0], row + [0.03, math.nan, 0.0]], 3, sent, sent, 1 << 20)
+    assert [h.counted_s for h in wc.hosts] == [0.02]
+    assert [h.counted_s for h in c.summarise([row, row], 3, sent, sent, 1 << 20).hosts] == [None]

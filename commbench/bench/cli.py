@@ -371,7 +371,10 @@ def _sweep_rank(config: Any, device: str, plot_path: str | None, command: str | 
         from commbench.bench.records import plot_or_note
         from commbench.bench.report import plot_busbw
 
-        title = f"{config.collective}, {rank_count(dist.get_world_size())}, {dist.get_backend()}"
+        title = (
+            f"{config.collective}, {rank_count(dist.get_world_size())}, {dist.get_backend()} on {device}, "
+            f"{config.dtype}"
+        )
         plot_or_note(lambda: plot_busbw(rows, plot_path, title), plot_path)
         if sink.probe_record is not None:
             from commbench.bench.report import plot_probe_timeline, timeline_path

@@ -199,22 +199,81 @@ def _save(fig: Any, path: Any, dpi: int) -> None:
     write_whole(path, lambda p: fig.savefig(p, dpi=dpi, format=fmt))
 
 
+# One colour per algorithm in every busbw plot, whatever the series' order in a run: two runs'
+# plots side by side read alike. A segmented form (ring@64K) keeps its algorithm's colour with a
+# line and marker of its own.
+ALGORITHM_COLOURS = {
+    "builtin": "tab:blue",
+    "naive": "tab:orange",
+    "ring": "tab:green",
+    "auto": "tab:red",
+    "rd": "tab:purple",
+    "hd": "tab:brown",
+    "tree": "tab:pink",
+    "p2p": "tab:gray",
+}
+_VARIANTS = (("-", "o"), (":", "s"), ("-.", "^"), ((0, (5, 1)), "D"), ((0, (1, 3)), "v"))
+
+
+def _picks(points: Sequence[tuple[int, str | None]]) -> str:
+    """What auto picked, size by size, in runs: "rd to 1M, ring from 4M" ("rd" for one pick
+    throughout, "" where the records hold none)."""
+    runs: list[list[Any]] = []
+    for size, pick in sorted(points):
+        if pick is None:
+            continue
+        if runs and runs[-1][0] == pick:
+            runs[-1][2] = size
+        else:
+            runs.append([pick, size, size])
+    if len(runs) <= 1:
+        return runs[0][0] if runs else ""
+    from commbench.units import format_size
+
+    said = []
+    for i, (pick, lo, hi) in enumerate(runs):
+        if i == 0:
+            said.append(f"{pick} to {format_size(hi)}")
+        elif i == len(runs) - 1:
+            said.append(f"{pick} from {format_size(lo)}")
+        else:
+            said.append(f"{pick} {format_size(lo)}" + ("" if lo == hi else f"-{format_size(hi)}"))
+    return ", ".join(said)
+
+
 def plot_busbw(records: Sequence[dict[str, Any]], path: str, title: str = "") -> None:
-    """busbw against size (log2 x axis), one line per algorithm, the limit dashed."""
+    """busbw against size (log2 x axis, sizes as K/M/G), one line per algorithm in its own colour
+    (:data:`ALGORITHM_COLOURS`), the limit dashed; auto's legend says what it picked where."""
+    from matplotlib.ticker import FuncFormatter
+
+    from commbench.units import format_size
+
     series: dict[str, list[tuple[int, float]]] = {}
+    picked: dict[str, list[tuple[int, str | None]]] = {}
     sweep = [r for r in records if r.get("type") == "sweep"]
     beside = any(r["collective"] != "sendrecv" for r in sweep)
     for r in sweep:
         name = "limit (send/recv)" if r["collective"] == "sendrecv" and beside else r["algorithm"]
         series.setdefault(name, []).append((r["size_bytes"], r["busbw_gbps"]))
+        if r["algorithm"].partition("@")[0] == "auto":
+            picked.setdefault(name, []).append((r["size_bytes"], r.get("resolved_algorithm")))
     with _figure(figsize=(8, 4.5)) as (fig, ax):
+        seen: dict[str, int] = {}
         for name, points in series.items():
             points.sort()
             xs, ys = zip(*points, strict=True)
-            style = {"linestyle": "--", "color": "black"} if name.startswith("limit") else {"marker": "o"}
-            ax.plot(xs, ys, label=name, **style)
+            label = name + (f" ({_picks(picked[name])})" if _picks(picked.get(name, ())) else "")
+            if name.startswith("limit"):
+                style: dict[str, Any] = {"linestyle": "--", "color": "black"}
+            else:
+                base = name.partition("@")[0]
+                line, marker = _VARIANTS[seen.get(base, 0) % len(_VARIANTS)]
+                seen[base] = seen.get(base, 0) + 1
+                style = {"color": ALGORITHM_COLOURS.get(base), "linestyle": line, "marker": marker}
+            ax.plot(xs, ys, label=label, **style)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("message size (bytes)")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_size(round(x)) if x >= 1 else ""))
+        ax.set_xlabel("message size (bytes; K, M, G: 2^10, 2^20, 2^30)")
         ax.set_ylabel("bus bandwidth (GB/s, 1e9 B/s)")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
@@ -347,24 +406,42 @@ def plot_training(
     epochs: Sequence[dict[str, Any]], summaries: Sequence[dict[str, Any]], breakdown_path: Any, loss_path: Any
 ) -> None:
     """Two PNGs: the stacked step-time breakdown per strategy, and the loss curve of each strategy."""
-    with _figure(figsize=(7, 4)) as (fig, ax):
+    with _figure(figsize=(8.5, 4)) as (fig, ax):
         names = [s["strategy"] for s in summaries]
         bottom = [0.0] * len(summaries)
+        tops = {}
         for key, label in BREAKDOWN:
             values = [s[key] for s in summaries]
             ax.bar(names, values, bottom=bottom, label=label)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        # The fraction of comm that ran during backward: comm less exposed comm also held the buffer
-        # broadcast before forward, which is neither. None where comm is not measured.
-        hidden = [(s["comm_ms"] or 0.0) * (s.get("hidden_comm_fraction") or 0.0) for s in summaries]
+            tops[key] = bottom
+        # The comm that ran during backward, hatched over the top of the backward part it hid in (a
+        # mark at its height from zero read as a boundary inside the stack). Comm less exposed comm
+        # also held the buffer broadcast before forward, which is neither: at most backward is shown.
+        # None where comm is not measured.
+        hidden = [
+            min(max((s["comm_ms"] or 0.0) * (s.get("hidden_comm_fraction") or 0.0), 0.0), s["backward_ms"])
+            for s in summaries
+        ]
+        ax.bar(
+            names,
+            hidden,
+            bottom=[t - h for t, h in zip(tops["backward_ms"], hidden, strict=True)],
+            fill=False,
+            hatch="//",
+            edgecolor="black",
+            linewidth=0,
+            label="of backward: comm hidden in it",
+        )
+        # The parts are medians each, so their sum is not the median step (the table's step time)
         ax.scatter(
             names,
-            [max(h, 0.0) for h in hidden],
+            [s["step_time_ms"] for s in summaries],
             marker="_",
-            s=400,
-            color="k",
+            s=500,
+            color="black",
             zorder=3,
-            label="comm hidden behind backward",
+            label="median step time",
         )
         first = summaries[0]
         ax.set_ylabel("median time per step (ms)")
@@ -372,7 +449,7 @@ def plot_training(
             f"{first['model']}, {rank_count(first['world_size'])}, {first['backend']}, "
             f"batch {first['batch_size']}/rank"
         )
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
         _save(fig, breakdown_path, 120)
     plot_loss(epochs, loss_path, names)

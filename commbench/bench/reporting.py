@@ -294,6 +294,7 @@ _HOST = {
     "computed_rx_bytes": WHOLE,
     "cpu_user": NUMBER,
     "cpu_system": NUMBER,
+    "counted_s": NUMBER,
 }
 # What each field the report and summary compute with, format or group by must be where it is not
 # null (null: not measured); a record's own fields (REQUIRED) may not be null.
@@ -565,11 +566,14 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
             groups[(*where, "sendrecv", None)] = rows
     headed = collections.Counter((*key[:4], key[5]) for key in groups)
     for (world, backend, device, dtype, block, name, op), rows in groups.items():
-        extra = ""
-        if headed[(world, backend, device, dtype, name)] > 1:  # said where another table shares the rest
-            extra = "".join(
-                f", {x}" for x in (op, f"--block {block}" if block not in (None, 1) else None) if x
-            )
+        # The op where it is not the default sum (or another table shares the rest); --block where
+        # it is not 1: a lone `-o max` or `--block 7` sweep was headed as a default one.
+        shared = headed[(world, backend, device, dtype, name)] > 1
+        said = (
+            op if op not in (None, "sum") or shared else None,
+            f"--block {block}" if block not in (None, 1) else None,
+        )
+        extra = "".join(f", {x}" for x in said if x)
         blocks.append(
             Heading(
                 text=f"Sweep: {name}, {rank_count(world)}, {backend} on {device}, {dtype}{extra}", level=3
@@ -615,7 +619,7 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
         )
         from commbench.bench.report import plot_busbw
 
-        title = f"{name}, {rank_count(world)}, {backend}{extra}"
+        title = f"{name}, {rank_count(world)}, {backend} on {device}, {dtype}{extra}"
         blocks += plots.add(
             f"{run.label}-busbw-{name}-ws{world}{extra}",
             lambda p, rows=rows, title=title: plot_busbw(rows, str(p), title),
@@ -638,10 +642,27 @@ def _check_row(label: str, r: dict[str, Any]) -> list[str]:
 
 def wire_section(run: Run) -> list[Block]:
     """Computed against measured bytes, per sweep point and per epoch, flagged when out of tolerance."""
+    from commbench.bench.report import series_name
+    from commbench.probes.wirecount import CPU_COUNTED_MIN_S
+
+    def point(r: dict[str, Any]) -> str:  # as the sweep's table names its series
+        beside = r["collective"] == "sendrecv" and any(x["collective"] != "sendrecv" for x in run.sweeps)
+        return (
+            f"limit (send/recv) {_size(r['size_bytes'])}"
+            if beside
+            else (f"{r['collective']} {series_name(r)} {_size(r['size_bytes'])}")
+        )
+
+    def cpu(h: dict[str, Any]) -> list[str]:
+        counted = h.get("counted_s")
+        if isinstance(counted, int | float) and counted < CPU_COUNTED_MIN_S:
+            return ["-", "-"]
+        return [fmt(h.get("cpu_user"), ".4f"), fmt(h.get("cpu_system"), ".4f")]
+
     rows = []
     for r in run.sweeps:
         if r.get("computed_wire_bytes") is not None:
-            rows.append(_check_row(f"{r['collective']} {r['algorithm']} {_size(r['size_bytes'])}", r))
+            rows.append(_check_row(point(r), r))
     for r in run.epochs:
         if r.get("computed_wire_bytes") is not None:
             rows.append(_check_row(f"{r['strategy']} epoch {r['epoch']} (per step)", r))
@@ -655,12 +676,11 @@ def wire_section(run: Run) -> list[Block]:
     for r in run.epochs:
         if r.get("hosts"):
             epoch_last[r["strategy"]] = r
-    points = [(f"{k[0]} {k[1]} {_size(r['size_bytes'])}", r) for k, r in sweep_last.items()]
+    points = [(point(r), r) for r in sweep_last.values()]
     points += [(f"{s} epoch {r['epoch']} (per step)", r) for s, r in epoch_last.items()]
     for label, r in points:
         for h in r["hosts"]:
-            cpu = [fmt(h.get("cpu_user"), ".4f"), fmt(h.get("cpu_system"), ".4f")]
-            host_rows.append(_host_row(label, h, cpu))
+            host_rows.append(_host_row(label, h, cpu(h)))
     for c in run.clusters:
         for h in c.get("hosts") or []:
             host_rows.append(_host_row("whole run (cluster)", h, ["-", "-"]))
@@ -682,9 +702,11 @@ def wire_section(run: Run) -> list[Block]:
         blocks += [
             Heading(text="Per host", level=4),
             Para(
-                text="bytes per call (sweeps) or per step (training) at each host's interface beside the "
-                "cost model; CPU in seconds per call or step, summed over the host's ranks. A shared "
-                "interface such as loopback carries every rank's traffic once."
+                text="bytes per call (sweeps, at each series' largest size) or per step (training, its "
+                "last epoch) at each host's interface beside the cost model; CPU in seconds per call or "
+                "step, summed over the host's ranks, '-' where the counted work took under "
+                f"{CPU_COUNTED_MIN_S:g} s (CPU time moves in clock ticks of 10 ms). A shared interface "
+                "such as loopback carries every rank's traffic once."
             ),
             table(
                 [

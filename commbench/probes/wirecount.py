@@ -62,6 +62,14 @@ class HostBytes:
     computed_rx_bytes: int
     cpu_user: float
     cpu_system: float
+    # How long the counted work took, in all (None in rows without it): CPU time moves in clock
+    # ticks, so a share per call over less than CPU_COUNTED_MIN_S is ticks over calls, not a reading.
+    counted_s: float | None = None
+
+
+# Below this much counted work, a host's CPU time per call or step is not given (10 ms ticks over a
+# 20 ms pass of three calls read 0, 3.3 or 6.7 ms per call).
+CPU_COUNTED_MIN_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -353,6 +361,7 @@ class WireCounter:
         reset: list[str] = []
         for ranks, (nic, address) in zip(self.hosts, self.info, strict=True):
             first = rows[ranks[0]]  # ranks of one host read the same counter: take the first's
+            counted_s = first[8] if len(first) >= 9 else None
             if len(first) >= len(ROW):
                 seconds, link, went_back = first[8:11]
                 if went_back:
@@ -380,6 +389,7 @@ class WireCounter:
                     computed_rx_bytes=sum(recv[r] for r in ranks),
                     cpu_user=sum(rows[r][4] for r in ranks) / iters,
                     cpu_system=sum(rows[r][5] for r in ranks) / iters,
+                    counted_s=counted_s,
                 )
             )
         computed = sum(sent)
