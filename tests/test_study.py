@@ -1183,3 +1183,155 @@ def test_a_progress_line_the_disk_cannot_take_is_said_with_the_file(tmp_path, mo
         study.run_study(config, execute=execute)
     assert len(started) == 1 and full.value.errno == errno.ENOSPC and full.value.filename == "/dev/full"
     assert "(the runs' records are kept)" in str(full.value)
+
+
+LOOPBACK = [  # the one host a run on local ranks counts: this machine's loopback, both ranks on it
+    {"rank": 0, "ranks": [0, 1], "address": "127.0.0.1", "nic": "lo", "tx_bytes": 1_600_000}
+    | {"rx_bytes": 1_600_000, "computed_tx_bytes": 1_600_000, "computed_rx_bytes": 1_600_000}
+    | {"cpu_user": 0.005, "cpu_system": 0.0}
+]
+EMULATED = [  # one host per rank, as commbench cluster counts them
+    {**LOOPBACK[0], "rank": r, "ranks": [r], "address": f"198.18.0.{r + 1}", "nic": "eth0"} for r in (0, 1)
+]
+
+
+def _sync_records(model: str = "mlp", time_s: float = 0.036, hosts: list | None = LOOPBACK):
+    """An execute that writes, for each strategy of the sync study, its counted epoch (with ``hosts``;
+    none with None) and its summary, as a compare run of ``model`` on two ranks writes them."""
+
+    def execute(argv: list[str]) -> int:
+        lines = []
+        for strategy in ("naive", "ring", "bucketed"):
+            epoch = {
+                "type": "epoch",
+                "strategy": strategy,
+                "epoch": 1,
+                "step_losses": [2.3],
+                "time_s": time_s,
+            }
+            lines.append(epoch | ({"hosts": hosts} if hosts is not None else {}))
+            lines.append(
+                {"type": "train_summary", "strategy": strategy, "world_size": 2, "step_time_ms": 5.0}
+                | {"images_per_s": 100.0, "model": model, "dataset": "synthetic"}
+            )
+        Path(argv[argv.index("--json") + 1]).write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return 0
+
+    return execute
+
+
+def _sync_report(tmp_path: Path, execute: Callable[[list[str]], int], scale: str = "tiny") -> str:
+    config = study.StudyConfig(
+        name="001_sync_strategies", scale=scale, out_dir=str(tmp_path / "st"), quiet=True
+    )
+    result = study.run_study(config, execute=execute)
+    assert result.stopped is None
+    return result.report.read_text()
+
+
+def _table_header(text: str, group: str) -> list[str]:
+    section = text[text.index(f"### {group}") :].splitlines()
+    return [c.strip() for c in next(line for line in section if line.startswith("| ")).strip("|").split("|")]
+
+
+def test_a_tiny_report_says_what_the_scale_ran_beside_the_study_as_designed(tmp_path):
+    """The preset's text (VGG-11, one rank per emulated host with 1 Gbit/s links, 2 and 4 workers) was
+    printed as it stood at --tiny, which ran mlp on local ranks at 2 workers alone, and said "1 runs"."""
+    text = _sync_report(tmp_path, _sync_records())
+    assert (
+        "The text above is the study as designed. The tiny scale runs 1 of the default scale's 2 runs "
+        "(model mlp in place of vgg11); each group below says what it changed." in text
+    )
+    assert "Scale: tiny. 1 run, " in text and "1 runs" not in text
+    assert "\nAs designed: One rank per emulated host, 1 Gbit/s links both ways;" in text
+    assert (
+        "\nAs run at the tiny scale: every rank on this machine, over loopback (no emulated hosts, no 1gbit "
+        "links); model mlp in place of vgg11; world-size 2 only (4 left out).\n" in text
+    )
+    # read from the records, not the preset: a run that recorded the designed model is not said to swap it
+    text = _sync_report(tmp_path / "vgg", _sync_records(model="vgg11"))
+    assert "in place of" not in text and "world-size 2 only (4 left out)" in text
+
+
+def test_a_tiny_report_names_the_groups_and_grid_points_the_scale_left_out(tmp_path):
+    config = study.StudyConfig(name="000_backbones", scale="tiny", out_dir=str(tmp_path / "st"), quiet=True)
+    text = study.run_study(config, execute=_summaries(model="resnet18")).report.read_text()
+    assert "; groups left out: batch size, ranks, head width; each group below" in text
+    assert "\nAs designed: Each backbone with the head the study gives it" in text
+    assert "\nAs run at the tiny scale: model resnet18 only (squeezenet1_0, alexnet left out).\n" in text
+
+
+def test_a_study_without_its_emulated_cluster_says_so_under_the_group_s_note(tmp_path, monkeypatch):
+    """At the default scale the grid and model are the design's; only the missing cluster is said."""
+    monkeypatch.setattr(study, "cluster_available", lambda: "no privileges here")
+    text = _sync_report(tmp_path, _sync_records(model="vgg11"), scale="default")
+    assert "The text above is the study as designed" not in text and "2 runs, " in text
+    assert "\nAs designed: One rank per emulated host" in text
+    assert (
+        "\nAs run here: every rank on this machine, over loopback (no emulated hosts, no 1gbit links).\n"
+        in text
+    )
+
+
+def test_host_columns_counted_on_loopback_are_named_all_ranks_not_busiest_host(tmp_path):
+    """On local ranks the "busiest host" was the whole machine: 325 MB/s of every rank's loopback
+    traffic under a heading a reader set beside the study's 1 Gbit/s links."""
+    text = _sync_report(tmp_path, _sync_records())
+    header = _table_header(text, "strategies x workers")
+    assert {"loopback send MB/s, all ranks", "CPU user %, all ranks", "CPU sys %, all ranks"} <= set(header)
+    assert not any(h.startswith("busiest host") for h in header)
+    assert (
+        "\nThe all-ranks columns: every rank ran on this machine, so its one host is the machine; the send "
+        "rate is every rank's traffic over loopback together, which no network link carries (not to be set "
+        "beside the 1gbit links of the study as designed), and the CPU is every rank's together, as % of "
+        "one core.\n" in text
+    )
+    text = _sync_report(tmp_path / "hosts", _sync_records(hosts=EMULATED))  # one host per rank
+    assert "busiest host send MB/s" in _table_header(text, "strategies x workers")
+    assert "all ranks" not in text
+
+
+def test_a_host_column_s_dash_says_why(tmp_path):
+    """CPU read '-' with no word of why: the counted steps were too short for the CPU's clock ticks."""
+    text = _sync_report(tmp_path, _sync_records(time_s=0.036))
+    assert (
+        "\nCPU '-': the counted epoch's steps took 0.036 s or less in all, under the 0.5 s that the CPU's "
+        "10 ms clock ticks need to give a share (a longer run gives one).\n" in text
+    )
+    text = _sync_report(tmp_path / "long", _sync_records(time_s=0.8))  # a share is given: nothing to say
+    assert "CPU '-'" not in text and "| 100 | 0 |" in text  # 5 ms of user CPU a 5 ms step
+    text = _sync_report(tmp_path / "none", _sync_records(hosts=None))
+    assert "\nHost columns '-': the records hold no per-host counts for that row.\n" in text
+
+
+def test_study_bars_are_labelled_with_ranks_and_titled_with_model_and_scale(tmp_path, monkeypatch):
+    """ "naive x2" read as "twice", and the plot did not say the tiny scale's mlp had drawn it."""
+    from commbench.bench import report
+
+    drawn = []
+    monkeypatch.setattr(
+        report, "plot_grouped", lambda labels, series, path, ylabel, title: drawn.append((labels, title))
+    )
+    _sync_report(tmp_path, _sync_records())
+    assert drawn and all(
+        labels == ["naive, 2 ranks", "ring, 2 ranks", "bucketed, 2 ranks"]
+        and title == "strategies x workers (mlp, tiny scale)"
+        for labels, title in drawn
+    )
+
+
+def test_a_run_on_loopback_among_emulated_hosts_is_named_under_the_table(tmp_path, monkeypatch):
+    """A cluster that could not be built for one point left that point's machine-wide figures under
+    the busiest host heading of the others."""
+    monkeypatch.setattr(study, "cluster_available", lambda: None)
+    writers = [_sync_records(hosts=EMULATED), _sync_records(hosts=LOOPBACK)]  # run 1, run 2
+
+    def execute(argv: list[str]) -> int:
+        return writers.pop(0)(argv)
+
+    text = _sync_report(tmp_path, execute, "default")
+    assert "busiest host send MB/s" in _table_header(text, "strategies x workers")
+    assert (
+        "\nIn run 2 every rank ran on this machine: the busiest host columns are every rank's sends over "
+        "loopback and CPU together (not to be set beside the 1gbit links of the study as designed).\n" in text
+    )

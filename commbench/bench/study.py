@@ -20,6 +20,7 @@ import dataclasses
 import errno
 import hashlib
 import io
+import ipaddress
 import itertools
 import json
 import math
@@ -981,6 +982,21 @@ def _host_rate(run: rp.Run, s: dict[str, Any], key: str, scale: float) -> float 
     return max(h[key] for h in hosts) / (s["step_time_ms"] / 1e3) * scale
 
 
+def _loopback(host: dict[str, Any]) -> bool:
+    """Whether a counted host is this machine's loopback interface (by name, or by its address)."""
+    try:
+        return host.get("nic") == "lo" or ipaddress.ip_address(str(host.get("address"))).is_loopback
+    except ValueError:  # no address recorded, or a name
+        return False
+
+
+def _on_loopback(run: rp.Run, strategy: str) -> bool:
+    """Whether the strategy's bytes were counted on this machine's loopback: its ranks shared one
+    machine (no emulated cluster), whose one "host" sends every rank's traffic at memory speed."""
+    hosts = _hosts(run, strategy)
+    return bool(hosts) and all(_loopback(h) for h in hosts)
+
+
 def _epoch_time(s: dict[str, Any]) -> float | None:
     return s["later_epoch_time_s"] if s.get("later_epoch_time_s") is not None else s.get("first_epoch_time_s")
 
@@ -1075,6 +1091,14 @@ METRICS: dict[str, tuple[str, str, Callable[[rp.Run, dict[str, Any]], Any]]] = {
     "host_cpu_user_pct": ("busiest host CPU user %", ".0f", lambda r, s: _host_rate(r, s, "cpu_user", 100)),
     "host_cpu_sys_pct": ("busiest host CPU sys %", ".0f", lambda r, s: _host_rate(r, s, "cpu_system", 100)),
 }
+HOST_METRICS = ("host_tx_mbps", "host_cpu_user_pct", "host_cpu_sys_pct")
+# Where every rank ran on this machine, its one "host" is the machine: what it sends is every rank's
+# traffic over loopback (325 MB/s read as a host beating its 1 Gbit/s link), its CPU every rank's.
+ON_LOOPBACK = {
+    "host_tx_mbps": "loopback send MB/s, all ranks",
+    "host_cpu_user_pct": "CPU user %, all ranks",
+    "host_cpu_sys_pct": "CPU sys %, all ranks",
+}
 
 
 def _point_text(value: Any) -> str:
@@ -1107,14 +1131,27 @@ def _speedups(rows: list[dict[str, Any]]) -> None:
 
 
 def _group_blocks(
-    study: Study, group: str, outcomes: Sequence[Outcome], runs: dict[int, rp.Run], plots: rp._Plots
+    study: Study,
+    group: str,
+    outcomes: Sequence[Outcome],
+    runs: dict[int, rp.Run],
+    plots: rp._Plots,
+    scale: str = "default",
+    planned: Sequence[Planned] = (),
+    design: Sequence[Planned] | None = None,
 ) -> list[rp.Block]:
+    """One group's section. Its note is the group as designed; where this scale or this machine ran it
+    otherwise (``design``: see :func:`_design`), a line says how, from the runs' records and plan."""
     from commbench.bench.report import plot_busbw, plot_grouped, plot_probe_timeline
 
     blocks: list[rp.Block] = [rp.Heading(text=group, level=3)]
     spec = next(g for g in study.groups if g.label == group)
+    changed = _group_changes(study, spec, scale, outcomes, runs, planned, design)
     if spec.note:
-        blocks.append(rp.Para(text=spec.note))
+        blocks.append(rp.Para(text=f"As designed: {spec.note}" if changed else spec.note))
+    if changed:
+        at = " at the tiny scale" if scale == "tiny" else " here"
+        blocks.append(rp.Para(text=f"As run{at}: {'; '.join(changed)}."))
     shown = ("strategy", "strategies", "world-size")  # the table has its own strategy and ranks columns
     axes = list(dict.fromkeys(k for o in outcomes for k, _ in o.planned.point if k not in shown))
     rows: list[dict[str, Any]] = []
@@ -1126,12 +1163,27 @@ def _group_blocks(
         sweeps += [{**r, "_point": o.planned.point} for r in run.sweeps]
         for s in run.summaries:
             values = {m: METRICS[m][2](run, s) for m in study.metrics if m != "speedup"}
-            rows.append({"point": o.planned.point, "summary": s, "run": run, "values": values})
+            rows.append(
+                {
+                    "point": o.planned.point,
+                    "summary": s,
+                    "run": run,
+                    "values": values,
+                    "index": o.planned.index,
+                    "loopback": _on_loopback(run, s["strategy"]),
+                }
+            )
     if "speedup" in study.metrics:
         _speedups(rows)
     if rows:
         metrics = list(study.metrics)
-        header = [*axes, "strategy", "ranks", *(METRICS[m][0] for m in metrics)]
+        counted = [row for row in rows if _hosts(row["run"], row["summary"]["strategy"])]
+        looped = bool(counted) and all(row["loopback"] for row in counted)
+
+        def heading(m: str) -> str:
+            return ON_LOOPBACK[m] if looped and m in ON_LOOPBACK else METRICS[m][0]
+
+        header = [*axes, "strategy", "ranks", *(heading(m) for m in metrics)]
         body = []
         for row in rows:
             point = dict(row["point"])
@@ -1141,24 +1193,31 @@ def _group_blocks(
                 + [_metric_text(row["values"].get(m), METRICS[m][1]) for m in metrics]
             )
         blocks.append(rp.table(header, body))
+        link = study.cluster_rate if spec.cluster else None
+        blocks += [rp.Para(text=n) for n in _column_notes(rows, metrics, link)]
+        # "naive x2" read as "twice": the ranks are named as such
         labels = [
-            " ".join(f"{k}={_point_text(v)}" for k, v in row["point"] if k not in shown)
-            + f" {row['summary']['strategy']} x{row['summary']['world_size']}"
+            ", ".join(
+                [
+                    *(f"{k}={_point_text(v)}" for k, v in row["point"] if k not in shown),
+                    row["summary"]["strategy"],
+                    _count(row["summary"]["world_size"], "rank"),
+                ]
+            )
             for row in rows
         ]
+        models = list(dict.fromkeys(str(r["summary"]["model"]) for r in rows if r["summary"].get("model")))
+        model = ", ".join(models) if len(models) <= 3 else f"{len(models)} models"
+        title = f"{group} ({model + ', ' if model else ''}{scale} scale)"
         for m in study.plot:
             if m == "speedup" and not any(row["values"].get("speedup") is not None for row in rows):
                 continue
             blocks += plots.add(
                 f"{group}-{m}",
                 lambda p, m=m: plot_grouped(
-                    [lab.strip() for lab in labels],
-                    {METRICS[m][0]: [r["values"].get(m) for r in rows]},
-                    p,
-                    METRICS[m][0],
-                    group,
+                    labels, {heading(m): [r["values"].get(m) for r in rows]}, p, heading(m), title
                 ),
-                f"{METRICS[m][0]} ({group})",
+                f"{heading(m)} ({group})",
             )
         blocks += _host_blocks(rows)
     if sweeps:
@@ -1202,6 +1261,149 @@ def _metric_text(value: Any, spec: str) -> str:
     return rp.fmt(value, spec)
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def _column_notes(rows: list[dict[str, Any]], metrics: Sequence[str], link: str | None) -> list[str]:
+    """One line for each host column of a group's table that does not read as its heading says:
+    counted on loopback (every rank on this machine), or '-' where the records give no figure.
+    ``link``: the rate of the group's emulated links as designed (None where it has none)."""
+    if not any(m in HOST_METRICS for m in metrics):
+        return []
+    notes = []
+    counted = [row for row in rows if _hosts(row["run"], row["summary"]["strategy"])]
+    looped = [row for row in counted if row["loopback"]]
+    beside = f" (not to be set beside the {link} links of the study as designed)" if link else ""
+    if looped and len(looped) == len(counted):
+        notes.append(
+            "The all-ranks columns: every rank ran on this machine, so its one host is the machine; the send "
+            f"rate is every rank's traffic over loopback together, which no network link carries{beside}, "
+            "and the CPU is every rank's together, as % of one core."
+        )
+    elif looped:
+        which = list(dict.fromkeys(str(row["index"]) for row in looped))
+        notes.append(
+            f"In {'run' if len(which) == 1 else 'runs'} {', '.join(which)} every rank ran on this machine: "
+            f"the busiest host columns are every rank's sends over loopback and CPU together{beside}."
+        )
+    if any(m.startswith("host_cpu") for m in metrics):
+        short = [row for row in counted if not _cpu_countable(row["run"], row["summary"])]
+        epochs = [_last_counted(row["run"], row["summary"]["strategy"]) or {} for row in short]
+        took = [t for e in epochs if isinstance(t := e.get("time_s"), int | float)]
+        if took:
+            notes.append(
+                f"CPU '-': the counted epoch's steps took {max(took):.3f} s or less in all, under the "
+                f"{MIN_CPU_WINDOW_S:g} s that the CPU's 10 ms clock ticks need to give a share (a longer run "
+                "gives one)."
+            )
+        elif short:
+            notes.append("CPU '-': the records do not say how long the counted epoch's steps took.")
+    if len(counted) < len(rows):
+        notes.append("Host columns '-': the records hold no per-host counts for that row.")
+    return notes
+
+
+def _flag_value(argv: Sequence[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+
+def _design(study: Study, scale: str, out_dir: str | Path) -> list[Planned] | None:
+    """The runs of the study as designed, which the tiny scale shrinks: the default scale's plan.
+    None at the other scales (they run the design at a size) or where the default scale has no runs."""
+    if scale != "tiny":
+        return None
+    try:
+        return plan(study, "default", out_dir)
+    except ValueError:
+        return None
+
+
+def _swapped(ran: Iterable[rp.Run], designed: Sequence[Planned]) -> list[str]:
+    """The model and dataset the runs' records name, where the designed runs' command lines name
+    others ("model mlp in place of vgg11")."""
+    summaries = [s for r in ran for s in r.summaries]
+    out = []
+    for field in ("model", "dataset"):
+        got = list(dict.fromkeys(str(s[field]) for s in summaries if s.get(field)))
+        meant = list(dict.fromkeys(v for p in designed if (v := _flag_value(p.argv, f"--{field}"))))
+        if got and meant and not set(got) <= set(meant):
+            out.append(f"{field} {', '.join(got)} in place of {', '.join(meant)}")
+    return out
+
+
+def _group_changes(
+    study: Study,
+    spec: Group,
+    scale: str,
+    outcomes: Sequence[Outcome],
+    runs: dict[int, rp.Run],
+    planned: Sequence[Planned],
+    design: Sequence[Planned] | None,
+) -> list[str]:
+    """What a group's runs did that its note and the study's text do not say: local ranks for a group
+    designed for emulated hosts, and at the tiny scale the model, data and grid points it changed."""
+    changes = []
+    local = [o for o in outcomes if o.note.startswith("local ranks")]
+    if spec.cluster and local:
+        looped = any(
+            _on_loopback(run, s["strategy"])
+            for o in local
+            if (run := runs.get(o.planned.index))
+            for s in run.summaries
+        )
+        which = ", ".join(str(o.planned.index) for o in local)
+        which = "" if len(local) == len(outcomes) else f" in {'run' if len(local) == 1 else 'runs'} {which}"
+        where = "every rank on this machine, over loopback" if looped else "local ranks"
+        changes.append(f"{where}{which} (no emulated hosts, no {study.cluster_rate} links)")
+    designed = [p for p in design or () if p.group == spec.label]
+    if not designed:
+        return changes
+    changes += _swapped((runs[o.planned.index] for o in outcomes if o.planned.index in runs), designed)
+    mine = [p for p in planned if p.group == spec.label] or [o.planned for o in outcomes]
+    for key in dict.fromkeys(k for p in designed for k, _ in p.point):
+        meant, got = _values(designed, key), _values(mine, key)
+        left = [v for v in meant if v not in got]
+        if left:
+            shown = ", ".join(map(_point_text, got)) or "-"
+            changes.append(f"{key} {shown} only ({', '.join(map(_point_text, left))} left out)")
+    return changes
+
+
+def _values(planned: Sequence[Planned], key: str) -> list[Any]:
+    """The values ``key`` takes in the runs' grid points, in order, once each (model-opt's are dicts)."""
+    out: list[Any] = []
+    for p in planned:
+        for k, v in p.point:
+            if k == key and v not in out:
+                out.append(v)
+    return out
+
+
+def _study_changes(
+    scale: str,
+    outcomes: Sequence[Outcome],
+    runs: dict[int, rp.Run],
+    planned: Sequence[Planned],
+    design: Sequence[Planned] | None,
+) -> str | None:
+    """A line under the study's text (its design) on what the tiny scale ran instead; None where the
+    runs are the design's."""
+    if not design:
+        return None
+    mine = list(planned) or [o.planned for o in outcomes]
+    groups = {p.group for p in mine}
+    swapped = _swapped(runs.values(), [p for p in design if p.group in groups])
+    left = [g for g in dict.fromkeys(p.group for p in design) if g not in groups]
+    return (
+        f"The text above is the study as designed. The {scale} scale runs {len(mine)} of the default scale's "
+        f"{_count(len(design), 'run')}"
+        + (f" ({'; '.join(swapped)})" if swapped else "")
+        + (f"; groups left out: {', '.join(left)}" if left else "")
+        + "; each group below says what it changed."
+    )
+
+
 def _host_blocks(rows: list[dict[str, Any]]) -> list[rp.Block]:
     """Per-node CPU and network, where the runs recorded more than one host."""
     body = []
@@ -1232,7 +1434,8 @@ def _host_blocks(rows: list[dict[str, Any]]) -> list[rp.Block]:
         rp.Para(
             text="Per node (last epoch, per step): bytes sent at the host's interface beside the cost "
             "model, send rate over the step time, and CPU as % of one core (user, system; '-' where the "
-            "epoch's steps took under 0.5 s in all, a stretch the CPU's 10 ms clock ticks cannot divide)."
+            f"epoch's steps took under {MIN_CPU_WINDOW_S:g} s in all, a stretch the CPU's 10 ms clock ticks "
+            "cannot divide)."
         ),
         rp.table(
             [
@@ -1283,14 +1486,17 @@ def write_study_report(
     again = f"commbench study {study.name}" + {"full": " --full", "tiny": " --tiny"}.get(scale, "")
     if Path(out_dir) != Path(f"study-{study.name}"):
         again += f" -o {shlex.quote(str(out_dir))}"
-    blocks: list[rp.Block] = [
-        rp.Heading(text=title, level=1),
-        rp.Para(text=study.about),
+    design = _design(study, scale, out)
+    blocks: list[rp.Block] = [rp.Heading(text=title, level=1), rp.Para(text=study.about)]
+    changed = _study_changes(scale, outcomes, runs, planned, design)
+    if changed:
+        blocks.append(rp.Para(text=changed))
+    blocks.append(
         rp.Para(
-            text=f"Reference: {study.reference}. Scale: {scale}. {len(outcomes)} runs, "
+            text=f"Reference: {study.reference}. Scale: {scale}. {_count(len(outcomes), 'run')}, "
             f"{total:.0f} s in all. Re-run with: {again}"
-        ),
-    ]
+        )
+    )
     if stopped is not None:
         name = signal.Signals(stopped - 128).name if stopped - 128 in signals.STOPS else f"exit {stopped}"
         done = sum(o.returncode == 0 for o in outcomes)  # --resume keeps these alone
@@ -1313,7 +1519,8 @@ def write_study_report(
         blocks += rp.machine_section([runs[min(runs)]])
     blocks.append(rp.Heading(text="Results"))
     for group in dict.fromkeys(o.planned.group for o in outcomes):
-        blocks += _group_blocks(study, group, [o for o in outcomes if o.planned.group == group], runs, plots)
+        mine = [o for o in outcomes if o.planned.group == group]
+        blocks += _group_blocks(study, group, mine, runs, plots, scale, planned, design)
     checks = []
     for o in outcomes:
         run = runs.get(o.planned.index)
