@@ -588,6 +588,7 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
                     _size(r["size_bytes"]),
                     algo,
                     fmt(r.get("time_us"), ".1f"),
+                    fmt(_spread(r), ".2f"),
                     fmt(r.get("algbw_gbps"), ".3f"),
                     fmt(r["busbw_gbps"], ".3f"),
                     fmt(r.get("busbw_ratio_to_builtin"), ".2f"),
@@ -595,12 +596,25 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
                     fmt(r.get("wrong"), "d"),
                 ]
             )
+        iters = sorted(
+            {
+                (r["iters"], r["warmup"])
+                for r in rows
+                if isinstance(r.get("iters"), int) and isinstance(r.get("warmup"), int)
+            }
+        )
+        timed = (
+            f"median of {iters[0][0]} timed iterations (after {iters[0][1]} warm-up) of the slowest rank"
+            if len(iters) == 1
+            else "median over the timed iterations of the slowest rank"
+        )
         blocks.append(
             table(
                 [
                     "size",
                     "algorithm",
                     "time (us)",
+                    "p90/min",
                     "algbw (GB/s)",
                     "busbw (GB/s)",
                     "vs builtin",
@@ -612,9 +626,13 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
         )
         blocks.append(
             Para(
-                text="time = median over iterations of the slowest rank; busbw = algbw x bus factor "
-                "(nccl-tests); the limit is bidirectional send/recv between ring neighbours at the same "
-                "size, measured in the same run; GB = 1e9 B."
+                text=f"time = {timed}; p90/min = the 90th percentile's time over the fastest "
+                "iteration's (1.00: steady; a ratio that stands out where p90/min is high is noise, "
+                "re-run with more -n); busbw = algbw x bus factor (nccl-tests); the limit is "
+                "bidirectional send/recv between ring neighbours at the same size, measured in the same "
+                "run; of limit above 1: the point beat the send/recv measured beside it, at small sizes "
+                "most often noise in one or the other (see p90/min), elsewhere a path the backend's own "
+                "collective takes and send/recv does not; GB = 1e9 B."
             )
         )
         from commbench.bench.report import plot_busbw
@@ -626,6 +644,14 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
             f"busbw against message size ({title}); dashed: the send/recv limit",
         )
     return blocks
+
+
+def _spread(r: dict[str, Any]) -> float | None:
+    """A point's p90 time over its fastest (None where the record lacks either, or the fastest is 0)."""
+    low, p90 = r.get("time_us_min"), r.get("time_us_p90")
+    if not isinstance(low, int | float) or not isinstance(p90, int | float) or low <= 0:
+        return None
+    return p90 / low
 
 
 def _check_row(label: str, r: dict[str, Any]) -> list[str]:
