@@ -8,6 +8,7 @@ import re
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -858,3 +859,43 @@ def test_a_full_or_read_only_disk_is_said_with_the_file_it_stopped(tmp_path, mon
     with pytest.raises(OSError) as caught:
         write_whole(tmp_path / "p.png", read_only)
     assert caught.value.filename == str(tmp_path / "p.png")
+
+
+def _figure_of(monkeypatch, draw) -> Any:
+    """The figure ``draw()`` saves, kept open for reading (its file is not written)."""
+    kept = []
+    monkeypatch.setattr(report, "_save", lambda fig, path, dpi: (fig.canvas.draw(), kept.append(fig)))
+    draw()
+    (fig,) = kept
+    return fig
+
+
+def test_a_baselines_ratios_stand_on_the_line_at_1_on_a_log_axis(monkeypatch):
+    """On a linear axis from 0, 0.46 (half as fast) was a sliver beside 5.8: on a log 2 axis with each
+    bar standing on the line at 1, half and twice stand as far from it."""
+    fig = _figure_of(
+        monkeypatch, lambda: report.plot_ratio_bars(["a", "b", "c"], [0.5, 2.0, None], "x.png", "r")
+    )
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    bars = [(p.get_y(), p.get_y() + p.get_height()) for p in ax.patches]
+    assert bars[:2] == [(1.0, 0.5), (1.0, 2.0)]
+    # a ratio of 0 or below (a hand-written file) keeps the linear axis, the bars still on the line
+    fig = _figure_of(monkeypatch, lambda: report.plot_ratio_bars(["a", "b"], [0.0, 2.0], "x.png", "r"))
+    assert fig.axes[0].get_yscale() == "linear"
+
+
+def test_loss_curves_that_coincide_all_show_and_epochs_are_marked(monkeypatch):
+    """The syncs agree by design, so their curves lie on one another: only the last drawn showed."""
+    epochs = [
+        {"strategy": s, "epoch": e, "step_losses": [2.0 - 0.1 * i for i in range(5)]}
+        for s in ("naive", "ring", "ddp")
+        for e in range(3)
+    ]
+    fig = _figure_of(monkeypatch, lambda: report.plot_loss(epochs, "x.png"))
+    lines = [ln for ln in fig.axes[0].get_lines() if ln.get_label() in ("naive", "ring", "ddp")]
+    assert len({ln.get_linestyle() for ln in lines}) == 3
+    widths = [ln.get_linewidth() for ln in lines]
+    assert widths == sorted(widths, reverse=True) and len(set(widths)) == 3
+    ends = [ln.get_xdata()[0] for ln in fig.axes[0].get_lines() if ln not in lines]
+    assert ends == [5.5, 10.5]

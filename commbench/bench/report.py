@@ -456,15 +456,25 @@ def plot_training(
 
 
 def plot_loss(epochs: Sequence[dict[str, Any]], path: Any, names: Sequence[str] | None = None) -> None:
-    """The training loss per step of each strategy (``names``; default: those of ``epochs``)."""
+    """The training loss per step of each strategy (``names``; default: those of ``epochs``). Syncs
+    that agree give the same curve, drawn one over another: each has a line style of its own, the
+    first the widest, so every one shows; grey lines mark where epochs end."""
     if names is None:
         names = list(dict.fromkeys(e["strategy"] for e in epochs))
+    styles = ("-", "--", "-.", ":")
     with _figure(figsize=(7, 4)) as (fig, ax):
-        for name in names:
+        for i, name in enumerate(names):
             losses = [v for e in epochs if e["strategy"] == name for v in e["step_losses"]]
-            ax.plot(range(1, len(losses) + 1), losses, label=name)
+            width = max(3.0 - 0.6 * i, 1.0)
+            ax.plot(range(1, len(losses) + 1), losses, label=name, linestyle=styles[i % 4], linewidth=width)
+        steps = 0
+        ends = [e for e in epochs if names and e["strategy"] == names[0]][:-1]
+        for e in ends:
+            steps += len(e["step_losses"])
+            ax.axvline(steps + 0.5, color="grey", linewidth=0.6, alpha=0.6)
         ax.set_xlabel("step")
         ax.set_ylabel("training loss (mean over ranks)")
+        ax.set_title("training loss per step" + ("; grey: an epoch's end" if ends else ""))
         ax.legend(fontsize=8)
         fig.tight_layout()
         _save(fig, path, 120)
@@ -554,12 +564,24 @@ def plot_probe_timeline(probe: dict[str, Any], path: Any, title: str = "") -> No
 
 
 def plot_ratio_bars(labels: Sequence[str], ratios: Sequence[float | None], path: Any, ylabel: str) -> None:
-    """One bar per label with a line at 1.0: a run against its baseline."""
+    """One bar per label with a line at 1.0: a run against its baseline. The axis is log 2 where every
+    ratio is above 0, so that half as fast and twice as fast stand as far from the line (on a linear
+    axis, 0.46 was a sliver beside 5.8); each bar stands on the line at 1."""
+    values = [float("nan") if r is None else r for r in ratios]
     with _figure(figsize=(max(5.0, 0.45 * len(labels) + 2), 3.5)) as (fig, ax):
-        ax.bar(range(len(labels)), [float("nan") if r is None else r for r in ratios], color="tab:purple")
+        # from the line at 1, up for above and down for below it
+        ax.bar(range(len(labels)), [v - 1.0 for v in values], bottom=1.0, color="tab:purple")
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+        finite = [v for v in values if v == v]
+        if finite and min(finite) > 0:
+            from matplotlib.ticker import FuncFormatter
+
+            ax.set_yscale("log", base=2)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+            ax.set_ylim(min(min(finite), 1.0) / 1.5, max(max(finite), 1.0) * 1.5)
         ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=7)
         ax.set_ylabel(ylabel)
+        ax.set_title(f"{ylabel}: dashed at 1 (the same)")
         ax.grid(True, axis="y", alpha=0.3)
         fig.tight_layout()
         _save(fig, path, 100)

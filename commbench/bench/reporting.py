@@ -1054,7 +1054,7 @@ def baseline_section(runs: Sequence[Run], baselines: Sequence[Run], plots: _Plot
                 [
                     (f"{a[0]}/{b[0]} " if named else "")
                     + f"{k[2]} {_size(k[3])}"
-                    + (f" {k[4]} {k[5]}" if mixed else "")
+                    + ("".join(f" {x}" for x in (k[4], k[5]) if x not in (None, "-")) if mixed else "")
                     for k, a, b in pairs
                 ],
                 [_ratio(a[1], b[1]) for _, a, b in pairs],
