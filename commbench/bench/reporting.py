@@ -35,7 +35,7 @@ from commbench.bench.records import (
 )
 from commbench.bench.report import md_code_block, md_text, one_line, threshold_lines
 from commbench.bench.signals import Interrupted
-from commbench.probes.wirecheck import says_off
+from commbench.probes.wirecheck import CPU_COUNTED_MIN_S, says_off
 from commbench.units import rank_count
 
 MACHINE_FIELDS = (
@@ -669,7 +669,6 @@ def _check_row(label: str, r: dict[str, Any]) -> list[str]:
 def wire_section(run: Run) -> list[Block]:
     """Computed against measured bytes, per sweep point and per epoch, flagged when out of tolerance."""
     from commbench.bench.report import series_name
-    from commbench.probes.wirecount import CPU_COUNTED_MIN_S
 
     def point(r: dict[str, Any]) -> str:  # as the sweep's table names its series
         beside = r["collective"] == "sendrecv" and any(x["collective"] != "sendrecv" for x in run.sweeps)

@@ -40,7 +40,7 @@ from commbench.bench import reporting as rp
 from commbench.bench import signals
 from commbench.bench.cluster import NOT_BUILT
 from commbench.bench.records import directory_held, exposed_comm_ms, file_stamp, loads, output_path
-from commbench.probes.wirecheck import NOT_JUDGED, says_off
+from commbench.probes.wirecheck import CPU_COUNTED_MIN_S, NOT_JUDGED, says_off
 
 SCALES = ("tiny", "default", "full")
 COMMANDS = ("sweep", "train", "compare")
@@ -959,8 +959,9 @@ def _hosts(run: rp.Run, strategy: str) -> list[dict[str, Any]]:
 
 # CPU time moves in 10 ms clock ticks: over a few short steps, a tick or two more or less is most of
 # a step (0.015 s a step over 7.7 ms steps read as 261% of one core, on a machine of two). Below this
-# much stepping in the counted epoch, a host's CPU share is not given.
-MIN_CPU_WINDOW_S = 0.5
+# much stepping in the counted epoch, a host's CPU share is not given (the report's per-host table
+# keeps to the same floor).
+MIN_CPU_WINDOW_S = CPU_COUNTED_MIN_S
 
 
 def _cpu_countable(run: rp.Run, s: dict[str, Any]) -> bool:

@@ -63,13 +63,8 @@ class HostBytes:
     cpu_user: float
     cpu_system: float
     # How long the counted work took, in all (None in rows without it): CPU time moves in clock
-    # ticks, so a share per call over less than CPU_COUNTED_MIN_S is ticks over calls, not a reading.
+    # ticks, so a share per call over less than wirecheck.CPU_COUNTED_MIN_S is ticks over calls.
     counted_s: float | None = None
-
-
-# Below this much counted work, a host's CPU time per call or step is not given (10 ms ticks over a
-# 20 ms pass of three calls read 0, 3.3 or 6.7 ms per call).
-CPU_COUNTED_MIN_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
