@@ -3,6 +3,7 @@ real sockets."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -55,6 +56,13 @@ def test_the_setting_is_checked_against_what_the_kernel_has(monkeypatch):
         tcp.setting({tcp.CC_ENV: "vegas"})
 
 
+def test_a_named_setting_is_taken_as_given_where_the_kernel_lists_none(monkeypatch):
+    """A kernel that does not say which congestion controls it has cannot refuse a name: the
+    setting is applied, and setsockopt is left to say whether it exists."""
+    monkeypatch.setattr(tcp, "available", lambda: [])
+    assert tcp.setting({tcp.CC_ENV: "cubic"}) == "cubic"
+
+
 def test_the_summary_names_what_local_connections_use(monkeypatch):
     monkeypatch.setattr(tcp, "system_default", lambda: "bbr")
     monkeypatch.setattr(tcp, "available", lambda: ["reno", "bbr", "cubic"])
@@ -63,6 +71,14 @@ def test_the_summary_names_what_local_connections_use(monkeypatch):
     assert tcp.summary({tcp.CC_ENV: "cubic"}) == {"system": "bbr", "local_connections": "cubic"}
     monkeypatch.setattr(tcp, "system_default", lambda: "cubic")
     assert tcp.summary({}) == {"system": "cubic", "local_connections": "cubic"}
+
+
+def test_the_summary_of_a_bad_setting_names_what_is_kept(monkeypatch):
+    """A setting the kernel does not have is refused, so no connection is changed and they keep the
+    system's choice: the summary says so, rather than the reno that auto would have chosen."""
+    monkeypatch.setattr(tcp, "system_default", lambda: "bbr")
+    monkeypatch.setattr(tcp, "available", lambda: ["reno", "bbr"])
+    assert tcp.summary({tcp.CC_ENV: "vegas"}) == {"system": "bbr", "local_connections": "bbr"}
 
 
 @pytest.fixture
@@ -139,6 +155,74 @@ def test_local_connections_get_the_limit_on_unsent_bytes_once(connection):
     assert tcp.tune_local_connections({tcp.CC_ENV: "keep"}) == {}  # each has it already
     tcp.tune_local_connections({tcp.CC_ENV: "keep", tcp.NOTSENT_ENV: "64K"})
     assert tcp.notsent_lowat(client) == tcp.notsent_lowat(accepted) == 65536
+
+
+def test_the_auto_limit_on_unsent_bytes_is_the_measured_256_kib():
+    """256 KiB is the limit docs/PERFORMANCE.md measured ("Unsent bytes on local connections": fewer
+    retransmissions, the ring behind builtin less often), against 64 KiB, 512 KiB and 1 MiB."""
+    assert tcp.NOTSENT_AUTO_BYTES == 256 * 1024
+    assert tcp.notsent_setting({}) == 256 * 1024
+
+
+class _FakeConnection:
+    """A local connection using ``current``, whose congestion control reading or setting raises
+    ``read_error`` or ``set_error``."""
+
+    def __init__(self, current: str = "bbr", read_error=None, set_error=None) -> None:
+        self.current, self.read_error, self.set_error = current, read_error, set_error
+        self.set_to: list[bytes] = []
+
+    def getsockopt(self, level: int, option: int, size: int) -> bytes:
+        assert (level, option) == (socket.IPPROTO_TCP, socket.TCP_CONGESTION)
+        if self.read_error is not None:
+            raise self.read_error
+        return self.current.encode().ljust(size, b"\0")
+
+    def setsockopt(self, level: int, option: int, value: bytes) -> None:
+        assert (level, option) == (socket.IPPROTO_TCP, socket.TCP_CONGESTION)
+        if self.set_error is not None:
+            raise self.set_error
+        self.set_to.append(value)
+
+
+def _tune(monkeypatch, fakes: list[_FakeConnection], environ: dict[str, str], notsent: bool) -> dict:
+    monkeypatch.setattr(tcp, "CAN_LIMIT_NOTSENT", True)
+    monkeypatch.setattr(tcp, "local_connections", lambda: iter(fakes))
+    monkeypatch.setattr(tcp, "_limit_notsent", lambda sock, lowat: notsent)
+    return tcp.tune_local_connections(environ)
+
+
+def test_a_connection_closed_while_being_tuned_is_skipped(monkeypatch):
+    """A connection gloo closes between being listed and being tuned (EBADF on reading its
+    congestion control) is passed over, with the unsent-bytes limit it got counted, and the next
+    one is still tuned."""
+    closed = _FakeConnection(read_error=OSError(9, "closed"))
+    paced = _FakeConnection("bbr")
+    assert _tune(monkeypatch, [closed, paced], {}, notsent=True) == {tcp.NOTSENT: 2, "reno": 1}
+    assert paced.set_to == [b"reno"]
+
+
+def test_a_user_not_allowed_the_algorithm_is_told_what_is_allowed(monkeypatch):
+    """setsockopt refusing the algorithm to this user (EPERM) is a setting to change, one line naming
+    the variable and the kernel's allowed list, not a connection to pass over silently."""
+    proc = {"tcp_available_congestion_control": "reno cubic bbr", "tcp_allowed_congestion_control": "reno"}
+    monkeypatch.setattr(tcp, "_read", lambda name: proc.get(name, ""))
+    refused = _FakeConnection("bbr", set_error=PermissionError(1, "Operation not permitted"))
+    with pytest.raises(ValueError, match=r"^\$COMMBENCH_LOOPBACK_CC='cubic': .*\(allowed: reno\)$") as info:
+        _tune(monkeypatch, [refused], {tcp.CC_ENV: "cubic"}, notsent=False)
+    assert "\n" not in str(info.value)
+
+
+def test_each_listed_connection_is_closed_once_the_next_is_taken(connection):
+    """local_connections hands out duplicates of this process's descriptors: each is closed once
+    the caller moves on, so listing them leaves no descriptor behind."""
+    client, accepted, _ = connection
+    before = len(os.listdir("/proc/self/fd"))
+    listed = list(tcp.local_connections())
+    assert len(listed) >= 2  # this test's two ends (and any other local one)
+    assert all(sock.fileno() == -1 for sock in listed)
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert client.fileno() != -1 and accepted.fileno() != -1  # the originals are left open
 
 
 def test_udp_and_other_sockets_are_not_connections_to_tune():

@@ -3,6 +3,8 @@ with zero and impossible inputs, PCIe/NVLink ceilings and ImpossibleReading."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from commbench.probes.links import ImpossibleReading, check_rate, nvlink_max_gbps, pcie_max_gbps
@@ -149,6 +151,35 @@ def test_nvlink_maxima():
     for bad in ((0, 4), (18, 9), (18, -1.0), (18, True), (2.5, 4)):
         with pytest.raises(ValueError):
             nvlink_max_gbps(*bad)
+
+
+def test_nvlink_maxima_of_the_first_and_fifth_generations():
+    """The ends of the table: NVLink 5 (B200) carries 50 GB/s a link and direction, 18 links 900;
+    NVLink 1 (P100) 20, 4 links 80."""
+    assert nvlink_max_gbps(18, 5) == 900.0
+    assert nvlink_max_gbps(4, 1) == 80.0
+
+
+@pytest.mark.parametrize(
+    ("links", "per_link", "needle"),
+    [
+        (True, 4, "links must be a positive whole number"),  # a bool is an int to Python, not a count
+        (4, 0.0, "per-link GB/s must be a positive finite float"),
+        (4, math.inf, "per-link GB/s must be a positive finite float"),
+    ],
+)
+def test_nvlink_refuses_a_bool_count_and_a_zero_or_infinite_rate(links, per_link, needle):
+    with pytest.raises(ValueError, match=needle):
+        nvlink_max_gbps(links, per_link)
+
+
+@pytest.mark.parametrize("measured", [math.nan, math.inf])
+@pytest.mark.parametrize("max_gbps", [None, 31.5])
+def test_a_byte_count_that_is_not_a_number_is_an_impossible_reading(measured, max_gbps):
+    """NaN passes both the sign check and the comparison with the maximum, and infinity the sign
+    check where no maximum is known: neither may come back as a rate."""
+    with pytest.raises(ImpossibleReading, match="bytes measured"):
+        check_rate(measured, 1.0, max_gbps)
 
 
 def test_check_rate():
