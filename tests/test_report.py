@@ -40,6 +40,7 @@ def test_report_has_every_section_and_its_images(recorded, tmp_path):
         "| 2M | ring |",
         "### Training: mlp on synthetic, 2 ranks",
         "| ring | 2 |",
+        "data = loading the step's batch, once for every strategy",  # the same in each row, and why
         "### Computed against measured bytes",
         "all_reduce builtin 2M",
         "#### Per host",

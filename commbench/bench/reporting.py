@@ -816,6 +816,12 @@ def training_section(run: Run, plots: _Plots) -> list[Block]:
                 f"{s0.get('syncs_per_epoch', '-')} gradient syncs per epoch. ms = median per step over the "
                 "timed steps (later epochs) of the ranks' mean; exposed comm = from the last gradient until "
                 "gradients are synced; hidden = share of communication overlapping backward; MB = 1e6 B."
+                + (
+                    " data = loading the step's batch, once for every strategy (they run step by step on "
+                    "the same batches), so each row is charged the same."
+                    if len(run.summaries) > 1
+                    else ""
+                )
             ),
             table(
                 [c[1] for c in SUMMARY_COLUMNS], [[c[2](s) for c in SUMMARY_COLUMNS] for s in run.summaries]
