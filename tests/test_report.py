@@ -900,3 +900,19 @@ def test_loss_curves_that_coincide_all_show_and_epochs_are_marked(monkeypatch):
     assert widths == sorted(widths, reverse=True) and len(set(widths)) == 3
     ends = [ln.get_xdata()[0] for ln in fig.axes[0].get_lines() if ln not in lines]
     assert ends == [5.5, 10.5]
+
+
+def test_the_timelines_marks_and_units_are_named(monkeypatch):
+    """Grey lines crossed every panel and no legend said what they were; the rates' panel said MB/s
+    where the memory's said MB (1e6 B)."""
+    samples = [{"t_s": t, "cpu_user_pct": 10.0, "nic_tx_bytes_per_s": 1e6} for t in (0.0, 0.1, 0.2)]
+    probe = {
+        "samples": samples,
+        "markers": [{"t_s": 0.05, "label": "1: 4096 B"}, {"t_s": 0.15, "label": "2"}],
+    }
+    fig = _figure_of(monkeypatch, lambda: report.plot_probe_timeline(probe, "x.png", "t"))
+    top, _, rates = fig.axes
+    labels = top.get_legend_handles_labels()[1]
+    assert labels.count("a mark: a size (sweep) or epoch (training) done") == 1
+    assert rates.get_ylabel() == "MB/s (1e6 B/s)"
+    assert sum(1 for ln in rates.get_lines() if ln.get_xdata()[0] in (0.05, 0.15)) == 2  # in every panel

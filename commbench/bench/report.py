@@ -532,7 +532,7 @@ def plot_probe_timeline(probe: dict[str, Any], path: Any, title: str = "") -> No
             values = gpu_series(i, "gpu_util_pct")
             if values is not None:
                 util.plot(t, values, label=f"GPU {i} utilisation", linestyle="--")
-        util.set_ylabel("%")
+        util.set_ylabel("% (as each line says)")
         rss = series("rss_bytes")
         if rss is not None:
             mem.plot(t, [v / 1e6 for v in rss], label="rank-0 resident memory")
@@ -550,11 +550,14 @@ def plot_probe_timeline(probe: dict[str, Any], path: Any, title: str = "") -> No
                 values = gpu_series(i, key)
                 if values is not None:
                     net.plot(t, [v / 1e6 for v in values], label=f"GPU {i} {label}", linestyle="--")
-        net.set_ylabel("MB/s")
+        net.set_ylabel("MB/s (1e6 B/s)")
         net.set_xlabel("seconds since the sampler started")
         for ax in axes:
-            for m in probe.get("markers") or []:
-                ax.axvline(m["t_s"], color="grey", alpha=0.25, linewidth=0.8)
+            for i, m in enumerate(probe.get("markers") or []):
+                # named once, in the top panel's legend: they were grey lines no legend explained
+                said = ax is util and i == 0
+                label = "a mark: a size (sweep) or epoch (training) done" if said else None
+                ax.axvline(m["t_s"], color="grey", alpha=0.25, linewidth=0.8, label=label)
             ax.grid(True, alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7, loc="upper right")
