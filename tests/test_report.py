@@ -266,6 +266,9 @@ _SWEEP = (
         # values of the wrong type: an AttributeError traceback (wire_check), or an error naming
         # neither file nor field ("unsupported operand type(s) for *: 'NoneType' and 'float'")
         (_SWEEP[:-2] + ', "wire_check": 5}\n', "line 1: the sweep record's 'wire_check' is 5, not text"),
+        # the spread column divides them: an OverflowError traceback on a p90 past a float's range
+        (_SWEEP[:-2] + ', "time_us_p90": 1e400}\n', "'time_us_p90' is Infinity, not a finite number >= 0"),
+        (_SWEEP[:-2] + ', "iters": 0}\n', "the sweep record's 'iters' is 0, not a whole number >= 1"),
         (
             '{"type": "bandwidth", "name": "host->host", "size_bytes": 1, "time_s": null, "gbps": 1}\n',
             "the bandwidth record's 'time_s' is null, not a finite number >= 0",
@@ -916,3 +919,36 @@ def test_the_timelines_marks_and_units_are_named(monkeypatch):
     assert labels.count("a mark: a size (sweep) or epoch (training) done") == 1
     assert rates.get_ylabel() == "MB/s (1e6 B/s)"
     assert sum(1 for ln in rates.get_lines() if ln.get_xdata()[0] in (0.05, 0.15)) == 2  # in every panel
+
+
+def test_a_ratio_that_is_no_number_is_a_missing_bar_not_a_failed_plot(monkeypatch):
+    """Over a baseline of 0 the ratio is infinite: the log axis's limits took it and the plot failed."""
+    fig = _figure_of(
+        monkeypatch, lambda: report.plot_ratio_bars(["a", "b", "c"], [0.5, float("inf"), 2.0], "x.png", "r")
+    )
+    assert fig.axes[0].get_yscale() == "log"
+    assert [p.get_height() for p in fig.axes[0].patches][0::2] == [-0.5, 1.0]
+
+
+def test_the_byte_checks_points_say_their_ranks_and_form_where_a_run_holds_several(tmp_path):
+    """Two world sizes (or the in-place form) in one file gave rows of one name, and their per-host
+    rows were taken for one series."""
+    base = {"type": "sweep", "algorithm": "ring", "resolved_algorithm": "ring", "size_bytes": 4 << 20}
+    base |= {"busbw_gbps": 1.0, "backend": "gloo", "device": "cpu", "dtype": "float32", "op": "sum"}
+    base |= {"computed_wire_bytes": 100, "measured_wire_bytes": 100, "wire_bytes_ratio": 1.0}
+    rows = [
+        base | {"collective": "all_reduce", "world_size": 2},
+        base | {"collective": "all_reduce", "world_size": 4},
+        base | {"collective": "all_gather", "world_size": 2, "in_place": True, "op": None},
+        base | {"collective": "sendrecv", "world_size": 2, "algorithm": "p2p", "op": None},
+        base | {"collective": "sendrecv", "world_size": 3, "algorithm": "p2p", "op": None},
+    ]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert list(_check_cells(reporting.load_run(path))) == [
+        "all_reduce ring 4M (2 ranks)",
+        "all_reduce ring 4M (4 ranks)",
+        "all_gather in place ring 4M (2 ranks)",
+        "limit (send/recv) 4M (2 ranks)",
+        "sendrecv p2p 4M (3 ranks)",  # no collective of its table: send/recv measured for itself
+    ]

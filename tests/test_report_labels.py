@@ -455,3 +455,15 @@ def test_auto_says_in_the_legend_what_it_picked_at_which_sizes_and_sizes_read_as
         r | {"resolved_algorithm": p} for r, p in zip(records, ("rd", "ring", "ring", "hd"), strict=True)
     ]
     assert set(_drawn(monkeypatch, three)[0]) == {"auto (rd to 4K, ring 64K-1M, hd from 4M)"}
+    # a study's plot pours several runs into one: an older record without the pick beside a newer one
+    older = [_record("all_reduce", "auto", 1 << 12, 1.0) | {"resolved_algorithm": None}]
+    assert set(_drawn(monkeypatch, older + records[:1])[0]) == {"auto (rd)"}
+
+
+def test_every_algorithm_has_a_colour_of_its_own():
+    """A new algorithm without one took matplotlib's cycle, whose first colour is builtin's."""
+    from commbench.comm import ALGORITHMS
+
+    names = {a for algorithms in ALGORITHMS.values() for a in algorithms} | {"p2p"}
+    assert names <= set(report.ALGORITHM_COLOURS)
+    assert len(set(report.ALGORITHM_COLOURS.values())) == len(report.ALGORITHM_COLOURS)

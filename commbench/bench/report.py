@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -219,7 +220,7 @@ def _picks(points: Sequence[tuple[int, str | None]]) -> str:
     """What auto picked, size by size, in runs: "rd to 1M, ring from 4M" ("rd" for one pick
     throughout, "" where the records hold none)."""
     runs: list[list[Any]] = []
-    for size, pick in sorted(points):
+    for size, pick in sorted(points, key=lambda p: p[0]):  # a size may come with and without a pick
         if pick is None:
             continue
         if runs and runs[-1][0] == pick:
@@ -430,7 +431,7 @@ def plot_training(
             fill=False,
             hatch="//",
             edgecolor="black",
-            linewidth=0,
+            linewidth=0.6,
             label="of backward: comm hidden in it",
         )
         # The parts are medians each, so their sum is not the median step (the table's step time)
@@ -570,12 +571,13 @@ def plot_ratio_bars(labels: Sequence[str], ratios: Sequence[float | None], path:
     """One bar per label with a line at 1.0: a run against its baseline. The axis is log 2 where every
     ratio is above 0, so that half as fast and twice as fast stand as far from the line (on a linear
     axis, 0.46 was a sliver beside 5.8); each bar stands on the line at 1."""
-    values = [float("nan") if r is None else r for r in ratios]
+    # None, or a ratio that is no number (over a baseline of 0), is a missing bar
+    values = [float("nan") if r is None or not math.isfinite(r) else r for r in ratios]
     with _figure(figsize=(max(5.0, 0.45 * len(labels) + 2), 3.5)) as (fig, ax):
         # from the line at 1, up for above and down for below it
         ax.bar(range(len(labels)), [v - 1.0 for v in values], bottom=1.0, color="tab:purple")
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
-        finite = [v for v in values if v == v]
+        finite = [v for v in values if math.isfinite(v)]
         if finite and min(finite) > 0:
             from matplotlib.ticker import FuncFormatter
 

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import html
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -314,6 +315,10 @@ VALUES: dict[str, dict[str, str]] = {
         "block": COUNT,
         "root": TALLY,
         "time_us": AMOUNT,
+        "time_us_min": AMOUNT,
+        "time_us_p90": AMOUNT,
+        "iters": COUNT,
+        "warmup": TALLY,
         "algbw_gbps": AMOUNT,
         "busbw_ratio_to_builtin": AMOUNT,
         "frac_of_limit": AMOUNT,
@@ -597,14 +602,11 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
                 ]
             )
         iters = sorted(
-            {
-                (r["iters"], r["warmup"])
-                for r in rows
-                if isinstance(r.get("iters"), int) and isinstance(r.get("warmup"), int)
-            }
+            {(r["iters"], r["warmup"]) for r in rows if r.get("iters") and r.get("warmup") is not None}
         )
         timed = (
-            f"median of {iters[0][0]} timed iterations (after {iters[0][1]} warm-up) of the slowest rank"
+            f"median of {iters[0][0]} timed iteration{'s' * (iters[0][0] != 1)} (after {iters[0][1]} "
+            "warm-up) of the slowest rank"
             if len(iters) == 1
             else "median over the timed iterations of the slowest rank"
         )
@@ -651,7 +653,8 @@ def _spread(r: dict[str, Any]) -> float | None:
     low, p90 = r.get("time_us_min"), r.get("time_us_p90")
     if not isinstance(low, int | float) or not isinstance(p90, int | float) or low <= 0:
         return None
-    return p90 / low
+    spread = p90 / low
+    return spread if math.isfinite(spread) else None
 
 
 def _check_row(label: str, r: dict[str, Any]) -> list[str]:
@@ -668,15 +671,28 @@ def _check_row(label: str, r: dict[str, Any]) -> list[str]:
 
 def wire_section(run: Run) -> list[Block]:
     """Computed against measured bytes, per sweep point and per epoch, flagged when out of tolerance."""
+    from commbench.bench.collectives import form_name, in_place_form
     from commbench.bench.report import series_name
 
-    def point(r: dict[str, Any]) -> str:  # as the sweep's table names its series
-        beside = r["collective"] == "sendrecv" and any(x["collective"] != "sendrecv" for x in run.sweeps)
-        return (
-            f"limit (send/recv) {_size(r['size_bytes'])}"
-            if beside
-            else (f"{r['collective']} {series_name(r)} {_size(r['size_bytes'])}")
-        )
+    def where(r: dict[str, Any]) -> tuple:  # what one sweep table holds (see sweep_section)
+        return (r.get("world_size"), r.get("backend"), r.get("device"), r.get("dtype"), r.get("block"))
+
+    measured = {where(x) for x in run.sweeps if x["collective"] != "sendrecv"}
+    worlds = len({x.get("world_size") for x in run.sweeps}) > 1
+    dtypes = len({x.get("dtype") for x in run.sweeps}) > 1
+    ops = len({x.get("op") for x in run.sweeps if x.get("op") is not None}) > 1
+
+    def point(r: dict[str, Any]) -> str:
+        """A point as the sweep's table names it: send/recv is the limit beside a collective of the
+        same table, and the collective's form says in-place; ranks and dtype where the run has several."""
+        size = _size(r["size_bytes"])
+        if r["collective"] == "sendrecv" and where(r) in measured:
+            name = f"limit (send/recv) {size}"
+        else:
+            name = f"{form_name(r['collective'], in_place_form(r))} {series_name(r)} {size}"
+        more = [rank_count(r.get("world_size"))] * worlds + [str(r.get("dtype"))] * dtypes
+        more += [str(r.get("op"))] * (ops and r.get("op") is not None)
+        return name + (f" ({', '.join(more)})" if more else "")
 
     def cpu(h: dict[str, Any]) -> list[str]:
         counted = h.get("counted_s")
@@ -693,8 +709,8 @@ def wire_section(run: Run) -> list[Block]:
             rows.append(_check_row(f"{r['strategy']} epoch {r['epoch']} (per step)", r))
     host_rows = []
     sweep_last: dict[tuple, dict[str, Any]] = {}
-    for r in run.sweeps:  # per host: the largest size of each algorithm is enough to read the split
-        key = (r["collective"], r["algorithm"])
+    for r in run.sweeps:  # per host: the largest size of each series is enough to read the split
+        key = (*where(r), r["collective"], in_place_form(r), r.get("op"), r["algorithm"])
         if r.get("hosts") and r["size_bytes"] >= sweep_last.get(key, {}).get("size_bytes", -1):
             sweep_last[key] = r
     epoch_last: dict[str, dict[str, Any]] = {}
@@ -730,8 +746,10 @@ def wire_section(run: Run) -> list[Block]:
                 text="bytes per call (sweeps, at each series' largest size) or per step (training, its "
                 "last epoch) at each host's interface beside the cost model; CPU in seconds per call or "
                 "step, summed over the host's ranks, '-' where the counted work took under "
-                f"{CPU_COUNTED_MIN_S:g} s (CPU time moves in clock ticks of 10 ms). A shared interface "
-                "such as loopback carries every rank's traffic once."
+                f"{CPU_COUNTED_MIN_S:g} s (CPU time moves in clock ticks of 10 ms; records "
+                "without that time, from an older commbench, show what they hold) and in the cluster's "
+                "whole-run rows (its ports' bytes, no CPU). A shared interface such as loopback carries "
+                "every rank's traffic once."
             ),
             table(
                 [
