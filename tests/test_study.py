@@ -1240,7 +1240,8 @@ def test_a_tiny_report_says_what_the_scale_ran_beside_the_study_as_designed(tmp_
     text = _sync_report(tmp_path, _sync_records())
     assert (
         "The text above is the study as designed. The tiny scale runs 1 of the default scale's 2 runs "
-        "(model mlp in place of vgg11); each group below says what it changed." in text
+        "(model mlp in place of vgg11), each shortened (at most 2 epochs of 2 steps, a batch of at most 16 "
+        "a rank and 256 samples, no held-out pass); each group below says what else it changed." in text
     )
     assert "Scale: tiny. 1 run, " in text and "1 runs" not in text
     assert "\nAs designed: One rank per emulated host, 1 Gbit/s links both ways;" in text
@@ -1256,7 +1257,8 @@ def test_a_tiny_report_says_what_the_scale_ran_beside_the_study_as_designed(tmp_
 def test_a_tiny_report_names_the_groups_and_grid_points_the_scale_left_out(tmp_path):
     config = study.StudyConfig(name="000_backbones", scale="tiny", out_dir=str(tmp_path / "st"), quiet=True)
     text = study.run_study(config, execute=_summaries(model="resnet18")).report.read_text()
-    assert "; groups left out: batch size, ranks, head width; each group below" in text
+    assert "; groups left out: batch size, ranks, head width, each shortened (at most 2 epochs" in text
+    assert "; each group below says what else it changed." in text
     assert "\nAs designed: Each backbone with the head the study gives it" in text
     assert "\nAs run at the tiny scale: model resnet18 only (squeezenet1_0, alexnet left out).\n" in text
 
@@ -1335,3 +1337,43 @@ def test_a_run_on_loopback_among_emulated_hosts_is_named_under_the_table(tmp_pat
         "\nIn run 2 every rank ran on this machine: the busiest host columns are every rank's sends over "
         "loopback and CPU together (not to be set beside the 1gbit links of the study as designed).\n" in text
     )
+
+
+def test_a_grid_value_the_tiny_scale_shrinks_is_said_run_as_not_left_out(tmp_path, monkeypatch):
+    """The tiny run of batch size 32 runs as 16: the report said "batch-size 16 only (32, 64, 128 left
+    out)", 32 among those left out though it ran."""
+    (tmp_path / "shrunk.toml").write_text(
+        HEAD + '[defaults]\noptions = { strategies = "ddp", model = "mlp", world-size = 2 }\n'
+        '[[group]]\nlabel = "sizes"\ngrid = { batch-size = [32, 64, 128] }\n'
+    )
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    config = study.StudyConfig(name="shrunk", scale="tiny", out_dir=str(tmp_path / "st"), quiet=True)
+    text = study.run_study(config, execute=_summaries()).report.read_text()
+    assert "\nAs run at the tiny scale: batch-size 32 run as 16 only (64, 128 left out).\n" in text
+    # and the study's line ends there: no group says more than the grid
+    (tmp_path / "plain.toml").write_text(
+        HEAD + '[defaults]\noptions = { strategies = "ddp", model = "mlp", world-size = 2 }\n'
+        '[[group]]\nlabel = "one"\ngrid = { batch-size = [8] }\n'
+    )
+    config = study.StudyConfig(name="plain", scale="tiny", out_dir=str(tmp_path / "st2"), quiet=True)
+    text = study.run_study(config, execute=_summaries()).report.read_text()
+    assert (
+        "The tiny scale runs the default scale's 1 run, each shortened (at most 2 epochs of 2 steps, a "
+        "batch of at most 16 a rank and 256 samples, no held-out pass).\n" in text
+    )
+    assert "As run at" not in text
+
+
+def test_a_hosts_cpu_share_needs_its_own_counted_time_as_the_reports_per_host_table_does(tmp_path):
+    """The study judged the epoch's time_s and the report the host's counted_s: near the floor one
+    record gave a share in one table and '-' in the other."""
+    host = {"rank": 0, "tx_bytes": 1, "rx_bytes": 1, "cpu_user": 0.01, "cpu_system": 0.0}
+    epoch = {"type": "epoch", "strategy": "ring", "epoch": 0, "step_losses": [1.0], "time_s": 0.6}
+    path = tmp_path / "r.jsonl"
+    summary = {"strategy": "ring"}
+    from commbench.bench import reporting as rp
+
+    for counted, countable in ((0.4, False), (0.6, True), (None, True)):
+        hosts = [host | ({} if counted is None else {"counted_s": counted})]
+        path.write_text(json.dumps(epoch | {"hosts": hosts}) + "\n")
+        assert study._cpu_countable(rp.load_run(path), summary) is countable, counted

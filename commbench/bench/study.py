@@ -41,6 +41,7 @@ from commbench.bench import signals
 from commbench.bench.cluster import NOT_BUILT
 from commbench.bench.records import directory_held, exposed_comm_ms, file_stamp, loads, output_path
 from commbench.probes.wirecheck import CPU_COUNTED_MIN_S, NOT_JUDGED, says_off
+from commbench.units import rank_count
 
 SCALES = ("tiny", "default", "full")
 COMMANDS = ("sweep", "train", "compare")
@@ -65,6 +66,7 @@ SCALE_KEYS = {"options", "grid"}
 UNSET = "unset"  # a model-opt value that removes the option
 TINY_TRAIN = {"steps-per-epoch": 2, "no-eval": True, "replicate": 1}
 TINY_SWEEP = {"minbytes": "64K", "maxbytes": "256K", "stepfactor": 4, "iters": 2, "warmup": 1}
+TINY_CAPS = {"epochs": 2, "batch-size": 16, "samples": 256}  # a training run's, at most
 
 
 def studies_dir() -> Path:
@@ -297,6 +299,9 @@ class Planned:
     json_path: str
     local_argv: tuple[str, ...] | None = None  # the same run on local ranks, for a cluster group
     note: str = ""
+    # The grid point as the study designed it, where the scale ran it otherwise (tiny: batch size 64
+    # runs as 16); None where ``point`` is the design's.
+    designed: tuple[tuple[str, Any], ...] | None = None
 
 
 def _flags(options: dict[str, Any]) -> list[str]:
@@ -359,11 +364,28 @@ def _shrink(command: str, options: dict[str, Any]) -> dict[str, Any]:
         out.update(TINY_SWEEP)
         return out
     out.update(TINY_TRAIN)
-    out["epochs"] = min(int(out.get("epochs", 1)), 2)
-    out["batch-size"] = min(int(out.get("batch-size", 64)), 16)
+    out["epochs"] = min(int(out.get("epochs", 1)), TINY_CAPS["epochs"])
+    out["batch-size"] = min(int(out.get("batch-size", 64)), TINY_CAPS["batch-size"])
     if out.get("samples"):
-        out["samples"] = min(int(out["samples"]), 256)
+        out["samples"] = min(int(out["samples"]), TINY_CAPS["samples"])
     return out
+
+
+def _shortened(commands: Iterable[str]) -> str:
+    """How the tiny scale shortens runs of ``commands``, in words (from _shrink's settings)."""
+    said = []
+    if any(c != "sweep" for c in commands):
+        said.append(
+            f"at most {TINY_CAPS['epochs']} epochs of {TINY_TRAIN['steps-per-epoch']} steps, a batch of "
+            f"at most {TINY_CAPS['batch-size']} a rank and {TINY_CAPS['samples']} samples, no held-out "
+            "pass"
+        )
+    if "sweep" in commands:
+        said.append(
+            f"sizes {TINY_SWEEP['minbytes']} to {TINY_SWEEP['maxbytes']}, {TINY_SWEEP['iters']} timed "
+            f"iterations after {TINY_SWEEP['warmup']} warm-up"
+        )
+    return "; ".join(said)
 
 
 def _as_run(key: str, value: Any, options: dict[str, Any]) -> Any:
@@ -412,9 +434,12 @@ def plan(study: Study, scale: str, out_dir: str | Path, cluster_ok: bool = True)
         for values in itertools.product(*(grid[k] for k in keys)):
             point = tuple(zip(keys, values, strict=True))
             run_options = _apply(options, dict(point))
+            designed = None
             if scale == "tiny":  # shrunk: the point says what runs (grid batch size 64 runs as 16)
                 run_options = _apply(_shrink(group.command, run_options), group.tiny.get("options", {}))
+                designed = point
                 point = tuple((k, _as_run(k, v, run_options)) for k, v in point)
+                designed = None if designed == point else designed
             index = len(planned) + 1
             # Another scale's runs in the same directory keep their records (a tiny run overwrote
             # the default scale's first run, which its --resume then ran again).
@@ -443,6 +468,7 @@ def plan(study: Study, scale: str, out_dir: str | Path, cluster_ok: bool = True)
                     json_path=json_path,
                     local_argv=local_argv,
                     note=note,
+                    designed=designed,
                 )
             )
     if not planned:  # an empty report, and exit 0, would read as a study that ran
@@ -964,12 +990,24 @@ def _hosts(run: rp.Run, strategy: str) -> list[dict[str, Any]]:
 MIN_CPU_WINDOW_S = CPU_COUNTED_MIN_S
 
 
-def _cpu_countable(run: rp.Run, s: dict[str, Any]) -> bool:
-    """Whether the counted epoch's steps took MIN_CPU_WINDOW_S or more in all (its ``time_s``: every
-    step, the first too, where the summary's step time is a median that may leave it out)."""
+def _counted_s(run: rp.Run, s: dict[str, Any]) -> float | None:
+    """How long the counted epoch's steps took in all: the hosts' own count of it (the report's
+    per-host table reads the same), else the epoch's ``time_s`` (records from before the hosts kept
+    it; every step, the first too, where the summary's step time is a median that may leave it out)."""
     epoch = _last_counted(run, s["strategy"])
-    took = epoch.get("time_s") if epoch else None
-    return isinstance(took, int | float) and took >= MIN_CPU_WINDOW_S
+    if not epoch:
+        return None
+    counted = [
+        h["counted_s"] for h in epoch.get("hosts") or [] if isinstance(h.get("counted_s"), int | float)
+    ]
+    took = min(counted) if counted else epoch.get("time_s")
+    return took if isinstance(took, int | float) else None
+
+
+def _cpu_countable(run: rp.Run, s: dict[str, Any]) -> bool:
+    """Whether the counted epoch's steps took MIN_CPU_WINDOW_S or more in all (:func:`_counted_s`)."""
+    took = _counted_s(run, s)
+    return took is not None and took >= MIN_CPU_WINDOW_S
 
 
 def _host_rate(run: rp.Run, s: dict[str, Any], key: str, scale: float) -> float | None:
@@ -1202,7 +1240,7 @@ def _group_blocks(
                 [
                     *(f"{k}={_point_text(v)}" for k, v in row["point"] if k not in shown),
                     row["summary"]["strategy"],
-                    _count(row["summary"]["world_size"], "rank"),
+                    rank_count(row["summary"]["world_size"]),
                 ]
             )
             for row in rows
@@ -1238,7 +1276,7 @@ def _group_blocks(
         )
         blocks += plots.add(
             f"{group}-busbw",
-            lambda p: plot_busbw(sweeps, str(p), group),
+            lambda p: plot_busbw(sweeps, str(p), _sweep_title(group, sweeps)),
             f"busbw against size ({group}); dashed: the send/recv limit",
         )
     if spec.timelines:
@@ -1260,6 +1298,16 @@ def _metric_text(value: Any, spec: str) -> str:
     if spec == "d" or spec == ",d":
         return format(int(value), spec)
     return rp.fmt(value, spec)
+
+
+def _sweep_title(group: str, sweeps: Sequence[dict[str, Any]]) -> str:
+    """A group's busbw plot's title: the group, and the backend, device and dtype its sweeps share."""
+    shared = [
+        ", ".join(values)
+        for key in ("backend", "device", "dtype")
+        if len(values := list(dict.fromkeys(str(r.get(key)) for r in sweeps))) == 1
+    ]
+    return ", ".join([group, *shared])
 
 
 def _count(n: int, what: str) -> str:
@@ -1290,8 +1338,7 @@ def _column_notes(rows: list[dict[str, Any]], metrics: Sequence[str], link: str 
         )
     if any(m.startswith("host_cpu") for m in metrics):
         short = [row for row in counted if not _cpu_countable(row["run"], row["summary"])]
-        epochs = [_last_counted(row["run"], row["summary"]["strategy"]) or {} for row in short]
-        took = [t for e in epochs if isinstance(t := e.get("time_s"), int | float)]
+        took = [t for row in short if (t := _counted_s(row["run"], row["summary"])) is not None]
         if took:
             notes.append(
                 f"CPU '-': the counted epoch's steps took {max(took):.3f} s or less in all, under the "
@@ -1363,45 +1410,61 @@ def _group_changes(
     changes += _swapped((runs[o.planned.index] for o in outcomes if o.planned.index in runs), designed)
     mine = [p for p in planned if p.group == spec.label] or [o.planned for o in outcomes]
     for key in dict.fromkeys(k for p in designed for k, _ in p.point):
-        meant, got = _values(designed, key), _values(mine, key)
-        left = [v for v in meant if v not in got]
-        if left:
-            shown = ", ".join(map(_point_text, got)) or "-"
-            changes.append(f"{key} {shown} only ({', '.join(map(_point_text, left))} left out)")
+        meant = _values((p.point for p in designed), key)
+        # each design value the runs took, with what it ran as (a value from neither the design nor
+        # this list was "left out" when it had only been shrunk: batch-size 32 ran as 16)
+        took: list[tuple[Any, Any]] = []
+        for p in mine:
+            for (k, d), (_, ran) in zip(p.designed or p.point, p.point, strict=True):
+                if k == key and (d, ran) not in took:
+                    took.append((d, ran))
+        left = [v for v in meant if v not in [d for d, _ in took]]
+        shrunk = any(d != ran for d, ran in took)
+        if left or shrunk:
+            shown = ", ".join(
+                _point_text(d) + ("" if d == ran else f" run as {_point_text(ran)}") for d, ran in took
+            )
+            said = f" only ({', '.join(map(_point_text, left))} left out)" if left else ""
+            changes.append(f"{key} {shown or '-'}{said}")
     return changes
 
 
-def _values(planned: Sequence[Planned], key: str) -> list[Any]:
-    """The values ``key`` takes in the runs' grid points, in order, once each (model-opt's are dicts)."""
+def _values(points: Iterable[tuple[tuple[str, Any], ...]], key: str) -> list[Any]:
+    """The values ``key`` takes in the grid ``points``, in order, once each (model-opt's are dicts,
+    so no set holds them)."""
     out: list[Any] = []
-    for p in planned:
-        for k, v in p.point:
+    for point in points:
+        for k, v in point:
             if k == key and v not in out:
                 out.append(v)
     return out
 
 
 def _study_changes(
+    study: Study,
     scale: str,
     outcomes: Sequence[Outcome],
     runs: dict[int, rp.Run],
     planned: Sequence[Planned],
     design: Sequence[Planned] | None,
+    groups_changed: bool,
 ) -> str | None:
     """A line under the study's text (its design) on what the tiny scale ran instead; None where the
-    runs are the design's."""
+    runs are the design's. ``groups_changed``: whether a group's section says more."""
     if not design:
         return None
     mine = list(planned) or [o.planned for o in outcomes]
     groups = {p.group for p in mine}
     swapped = _swapped(runs.values(), [p for p in design if p.group in groups])
     left = [g for g in dict.fromkeys(p.group for p in design) if g not in groups]
+    of = f"{len(mine)} of the default scale's" if len(mine) != len(design) else "the default scale's"
+    commands = {g.command for g in study.groups if g.label in groups}
     return (
-        f"The text above is the study as designed. The {scale} scale runs {len(mine)} of the default scale's "
-        f"{_count(len(design), 'run')}"
+        f"The text above is the study as designed. The {scale} scale runs {of} {_count(len(design), 'run')}"
         + (f" ({'; '.join(swapped)})" if swapped else "")
         + (f"; groups left out: {', '.join(left)}" if left else "")
-        + "; each group below says what it changed."
+        + f", each shortened ({_shortened(commands)})"
+        + ("; each group below says what else it changed." if groups_changed else ".")
     )
 
 
@@ -1489,7 +1552,17 @@ def write_study_report(
         again += f" -o {shlex.quote(str(out_dir))}"
     design = _design(study, scale, out)
     blocks: list[rp.Block] = [rp.Heading(text=title, level=1), rp.Para(text=study.about)]
-    changed = _study_changes(scale, outcomes, runs, planned, design)
+    by_group = {
+        g: [o for o in outcomes if o.planned.group == g]
+        for g in dict.fromkeys(o.planned.group for o in outcomes)
+    }
+    groups_changed = any(
+        _group_changes(
+            study, next(x for x in study.groups if x.label == g), scale, mine, runs, planned, design
+        )
+        for g, mine in by_group.items()
+    )
+    changed = _study_changes(study, scale, outcomes, runs, planned, design, groups_changed)
     if changed:
         blocks.append(rp.Para(text=changed))
     blocks.append(
