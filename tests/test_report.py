@@ -952,3 +952,11 @@ def test_the_byte_checks_points_say_their_ranks_and_form_where_a_run_holds_sever
         "limit (send/recv) 4M (2 ranks)",
         "sendrecv p2p 4M (3 ranks)",  # no collective of its table: send/recv measured for itself
     ]
+
+
+def test_a_long_title_of_a_narrow_bar_plot_is_wrapped_not_cut(monkeypatch):
+    title = "memory and utilisation per strategy (mnist_cnn, tiny scale)"
+    fig = _figure_of(monkeypatch, lambda: report.plot_grouped(["a"], {"m": [1.0]}, "x.png", "m", title))
+    shown = fig.axes[0].get_title()
+    assert shown.replace("\n", " ") == title and "\n" in shown
+    assert fig.axes[0].title.get_window_extent().x1 <= fig.bbox.x1  # inside the figure

@@ -1038,7 +1038,11 @@ def test_a_summary_from_an_older_commbench_shows_what_it_lacks_as_a_dash(tmp_pat
         cells = dict(zip(names, (c.strip() for c in row.strip("|").split("|")), strict=True))
         assert cells["step ms"] == "5.00" and cells["images/s"] == "100"
         assert cells["forward ms"] == cells["lr"] == cells["1st epoch s"] == cells["epoch s"] == "-"
-        assert cells["gradient MB/pass over the data"] == cells["wire MB/rank/pass over the data"] == "-"
+        assert (
+            cells["gradient MB/pass over the data"]
+            == cells["busiest rank's wire MB/pass over the data"]
+            == "-"
+        )
 
 
 def test_a_partial_report_counts_a_failed_run_as_one_resume_runs_again(tmp_path, monkeypatch, capsys):
@@ -1240,27 +1244,36 @@ def test_a_tiny_report_says_what_the_scale_ran_beside_the_study_as_designed(tmp_
     text = _sync_report(tmp_path, _sync_records())
     assert (
         "The text above is the study as designed. The tiny scale runs 1 of the default scale's 2 runs "
-        "(model mlp in place of vgg11), each shortened (at most 2 epochs of 2 steps, a batch of at most 16 "
-        "a rank and 256 samples, no held-out pass); each group below says what else it changed." in text
+        "(model mlp in place of vgg11). Each run it ran is shortened: at most 2 epochs of 2 steps, a batch "
+        "of at most 16 a rank and 256 samples, no held-out pass. Each group below says what else it "
+        "changed." in text
     )
     assert "Scale: tiny. 1 run, " in text and "1 runs" not in text
     assert "\nAs designed: One rank per emulated host, 1 Gbit/s links both ways;" in text
     assert (
         "\nAs run at the tiny scale: every rank on this machine, over loopback (no emulated hosts, no 1gbit "
-        "links); model mlp in place of vgg11; world-size 2 only (4 left out).\n" in text
+        "links); model mlp in place of vgg11; world-size 2 only (4 left out); --model-opt widths=256 in "
+        "place of input_shape=3,32,32.\n" in text
     )
     # read from the records, not the preset: a run that recorded the designed model is not said to swap it
     text = _sync_report(tmp_path / "vgg", _sync_records(model="vgg11"))
-    assert "in place of" not in text and "world-size 2 only (4 left out)" in text
+    assert "model mlp in place of" not in text and "world-size 2 only (4 left out)" in text
 
 
 def test_a_tiny_report_names_the_groups_and_grid_points_the_scale_left_out(tmp_path):
     config = study.StudyConfig(name="000_backbones", scale="tiny", out_dir=str(tmp_path / "st"), quiet=True)
     text = study.run_study(config, execute=_summaries(model="resnet18")).report.read_text()
-    assert "; groups left out: batch size, ranks, head width, each shortened (at most 2 epochs" in text
-    assert "; each group below says what else it changed." in text
+    assert (
+        '; groups left out: "batch size", "ranks", "head width". Each run it ran is shortened: at most 2'
+        in text
+    )
+    assert ". Each group below says what else it changed." in text
     assert "\nAs designed: Each backbone with the head the study gives it" in text
-    assert "\nAs run at the tiny scale: model resnet18 only (squeezenet1_0, alexnet left out).\n" in text
+    # and the options the tiny scale set beside the grid: images of 32 pixels, not the design's 64
+    assert (
+        "\nAs run at the tiny scale: model resnet18 only (squeezenet1_0, alexnet left out); --model-opt "
+        "image_size=32, hidden=0 in place of image_size=64.\n" in text
+    )
 
 
 def test_a_study_without_its_emulated_cluster_says_so_under_the_group_s_note(tmp_path, monkeypatch):
@@ -1358,8 +1371,8 @@ def test_a_grid_value_the_tiny_scale_shrinks_is_said_run_as_not_left_out(tmp_pat
     config = study.StudyConfig(name="plain", scale="tiny", out_dir=str(tmp_path / "st2"), quiet=True)
     text = study.run_study(config, execute=_summaries()).report.read_text()
     assert (
-        "The tiny scale runs the default scale's 1 run, each shortened (at most 2 epochs of 2 steps, a "
-        "batch of at most 16 a rank and 256 samples, no held-out pass).\n" in text
+        "The tiny scale runs the default scale's 1 run. Each run it ran is shortened: at most 2 epochs of 2 "
+        "steps, a batch of at most 16 a rank and 256 samples, no held-out pass.\n" in text
     )
     assert "As run at" not in text
 
@@ -1377,3 +1390,59 @@ def test_a_hosts_cpu_share_needs_its_own_counted_time_as_the_reports_per_host_ta
         hosts = [host | ({} if counted is None else {"counted_s": counted})]
         path.write_text(json.dumps(epoch | {"hosts": hosts}) + "\n")
         assert study._cpu_countable(rp.load_run(path), summary) is countable, counted
+
+
+def _probed_run(tmp_path, marks, samples):
+    from commbench.bench import reporting as rp
+
+    path = tmp_path / "probed.jsonl"
+    probe = {"type": "probe", "summary": {"gpus": []}, "markers": [{"t_s": t, "label": "x"} for t in marks]}
+    path.write_text(json.dumps(probe | {"samples": samples}) + "\n")
+    return rp.load_run(path)
+
+
+def test_cpu_and_gpu_means_are_training_s_after_its_first_epoch(tmp_path):
+    """Over the whole run the means were mostly imports, model building and waiting: a tiny run's
+    two epochs were its last 50 ms of 2 s, and its 54% was start-up's."""
+    samples = [{"t_s": t / 10, "process_cpu_pct": 100.0 if t < 10 else 40.0} for t in range(20)]
+    for x in samples:
+        x["gpus"] = [
+            {"index": 0, "gpu_util_pct": 10.0},
+            {"index": 1, "gpu_util_pct": 90.0 if x["t_s"] >= 1 else 0},
+        ]
+    run = _probed_run(tmp_path, [1.0, 1.5, 1.9], samples)
+    assert study._training_mean(run, "process_cpu_pct") == pytest.approx(40.0)  # samples 1.0 to 1.9
+    assert study._training_mean(run, "gpu_util_pct", gpu=True) == pytest.approx(90.0)  # the busiest GPU
+    # two samples between the marks are no mean, and the table's note says why
+    run = _probed_run(tmp_path, [1.0, 1.15], samples)
+    assert study._training_mean(run, "process_cpu_pct") is None
+    row = {
+        "run": run,
+        "summary": {"strategy": "ddp"},
+        "values": {"process_cpu_mean": None, "gpu_util_mean": None},
+    }
+    notes = study._column_notes([row], ["process_cpu_mean", "gpu_util_mean"], None)
+    assert notes == [
+        f"Means over epochs 2+ '-': fewer than {study.MIN_TRAINING_SAMPLES} probe samples fell between the "
+        "first epoch's end and the last's (more steps, or a shorter --probe-interval, gives them).",
+        "GPU columns '-': the run sampled no GPU (it ran on CPU, or NVML is not available).",
+    ]
+
+
+def test_no_speedup_is_drawn_where_no_run_had_more_than_one_rank(tmp_path, monkeypatch):
+    """A tiny run of 1 rank drew one bar of 1.00: the baseline against itself."""
+    (tmp_path / "speed.toml").write_text(
+        HEAD + 'metrics = ["images_per_s", "speedup"]\nplot = ["speedup"]\n'
+        '[defaults]\noptions = { strategies = "ddp", model = "mlp" }\n'
+        '[[group]]\nlabel = "workers"\ngrid = { world-size = [1, 2] }\n'
+    )
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    for scale, drawn in (("tiny", False), ("default", True)):
+        config = study.StudyConfig(name="speed", scale=scale, out_dir=str(tmp_path / scale), quiet=True)
+
+        def execute(argv):
+            ranks = int(argv[argv.index("--world-size") + 1]) if "--world-size" in argv else 2
+            return _summaries(world_size=ranks, first_epoch_time_s=1.0 / ranks)(argv)
+
+        text = study.run_study(config, execute=execute).report.read_text()
+        assert ("workers-speedup.png" in text) is drawn, scale

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -596,14 +597,15 @@ def plot_grouped(
     groups: Sequence[str], series: dict[str, Sequence[float | None]], path: Any, ylabel: str, title: str = ""
 ) -> None:
     """Grouped bars: one group per x label, one bar per series (studies' metric-by-setting plots)."""
-    with _figure(figsize=(max(5.0, 0.6 * len(groups) * max(1, len(series)) + 2), 3.8)) as (fig, ax):
+    inches = max(5.0, 0.6 * len(groups) * max(1, len(series)) + 2)
+    with _figure(figsize=(inches, 3.8)) as (fig, ax):
         width = 0.8 / max(1, len(series))
         for i, (name, values) in enumerate(series.items()):
             xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
             ax.bar(xs, [float("nan") if v is None else v for v in values], width=width, label=name)
         ax.set_xticks(range(len(groups)), groups, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set_title(textwrap.fill(title, int(inches * 9)))  # a long title ran past a narrow figure
         ax.grid(True, axis="y", alpha=0.3)
         if len(series) > 1:
             ax.legend(fontsize=8)

@@ -966,6 +966,45 @@ def _probe_stat(run: rp.Run, key: str, stat: str, scale: float = 1.0) -> float |
     return None if not st else st[stat] * scale
 
 
+# Fewer samples than this between the first epoch's end and the last's give no training mean.
+MIN_TRAINING_SAMPLES = 3
+
+
+def _training_samples(run: rp.Run) -> list[dict[str, Any]] | None:
+    """The rank-0 sampler's samples from the first epoch's end to the last's: training after its
+    first epoch. Over the whole run, the means were mostly imports, model building and the wait for
+    the other ranks (a tiny run's two epochs took its last 50 ms of 2 s). None where fewer than
+    MIN_TRAINING_SAMPLES fall there, or the run marked fewer than two epochs."""
+    if not run.probes:
+        return None
+    probe = run.probes[0]
+    marks = [m["t_s"] for m in probe.get("markers") or [] if isinstance(m.get("t_s"), int | float)]
+    if len(marks) < 2:
+        return None
+    inside = [
+        x
+        for x in probe.get("samples") or []
+        if isinstance(t := x.get("t_s"), int | float) and marks[0] <= t <= marks[-1]
+    ]
+    return inside if len(inside) >= MIN_TRAINING_SAMPLES else None
+
+
+def _training_mean(run: rp.Run, key: str, gpu: bool = False) -> float | None:
+    """The mean of ``key`` over :func:`_training_samples` (for ``gpu``, the busiest GPU's)."""
+    samples = _training_samples(run)
+    if samples is None:
+        return None
+    if not gpu:
+        values = [v for x in samples if isinstance(v := x.get(key), int | float)]
+        return statistics.fmean(values) if values else None
+    per_gpu: dict[Any, list[float]] = {}
+    for x in samples:
+        for g in x.get("gpus") or []:
+            if isinstance(v := g.get(key), int | float):
+                per_gpu.setdefault(g.get("index"), []).append(v)
+    return max((statistics.fmean(v) for v in per_gpu.values()), default=None)
+
+
 def _gpu_stat(run: rp.Run, key: str, stat: str, scale: float = 1.0) -> float | None:
     gpus = (run.probes[0].get("summary") or {}).get("gpus") if run.probes else None
     values = [g[key][stat] * scale for g in gpus or [] if g.get(key)]
@@ -1101,8 +1140,8 @@ METRICS: dict[str, tuple[str, str, Callable[[rp.Run, dict[str, Any]], Any]]] = {
         ".2f",
         lambda r, s: _whole_pass(s, s.get("grad_bytes_per_epoch")),
     ),
-    "wire_mb_per_rank_per_epoch": (
-        "wire MB/rank/pass over the data",
+    "wire_mb_per_rank_per_epoch": (  # the busiest rank's: naive's rank 0, or the buffers' broadcaster
+        "busiest rank's wire MB/pass over the data",
         ".2f",
         lambda r, s: (
             _whole_pass(s, max(s["wire_bytes_per_rank_per_epoch"]))
@@ -1113,24 +1152,34 @@ METRICS: dict[str, tuple[str, str, Callable[[rp.Run, dict[str, Any]], Any]]] = {
     "grad_gbps": ("gradient GB/s", ".3f", lambda r, s: _grad_gbps(s)),
     "wire_ratio": ("measured/computed bytes", ".3f", lambda r, s: _wire_ratio(r, s["strategy"])),
     "rss_max_mb": ("rank-0 RSS max MB", ".0f", lambda r, s: _probe_stat(r, "rss_bytes", "max", 1e-6)),
+    # The means are training's after its first epoch (_training_samples); the maxima the whole run's
     "process_cpu_mean": (
-        "rank-0 CPU % of a core",
+        "rank-0 CPU % of a core, epochs 2+",
         ".0f",
-        lambda r, s: _probe_stat(r, "process_cpu_pct", "mean"),
+        lambda r, s: _training_mean(r, "process_cpu_pct"),
     ),
-    "cpu_user_mean": ("machine CPU user %", ".0f", lambda r, s: _probe_stat(r, "cpu_user_pct", "mean")),
-    "cpu_system_mean": ("machine CPU sys %", ".0f", lambda r, s: _probe_stat(r, "cpu_system_pct", "mean")),
+    "cpu_user_mean": ("machine CPU user %, epochs 2+", ".0f", lambda r, s: _training_mean(r, "cpu_user_pct")),
+    "cpu_system_mean": (
+        "machine CPU sys %, epochs 2+",
+        ".0f",
+        lambda r, s: _training_mean(r, "cpu_system_pct"),
+    ),
     "gpu_mem_max_mb": (
         "GPU memory max MB",
         ".0f",
         lambda r, s: _gpu_stat(r, "memory_used_bytes", "max", 1e-6),
     ),
-    "gpu_util_mean": ("GPU util %", ".0f", lambda r, s: _gpu_stat(r, "gpu_util_pct", "mean")),
+    "gpu_util_mean": (
+        "GPU util %, epochs 2+",
+        ".0f",
+        lambda r, s: _training_mean(r, "gpu_util_pct", gpu=True),
+    ),
     "host_tx_mbps": ("busiest host send MB/s", ".1f", lambda r, s: _host_rate(r, s, "tx_bytes", 1e-6)),
     "host_cpu_user_pct": ("busiest host CPU user %", ".0f", lambda r, s: _host_rate(r, s, "cpu_user", 100)),
     "host_cpu_sys_pct": ("busiest host CPU sys %", ".0f", lambda r, s: _host_rate(r, s, "cpu_system", 100)),
 }
 HOST_METRICS = ("host_tx_mbps", "host_cpu_user_pct", "host_cpu_sys_pct")
+TRAINING_MEANS = ("process_cpu_mean", "cpu_user_mean", "cpu_system_mean", "gpu_util_mean")
 # Where every rank ran on this machine, its one "host" is the machine: what it sends is every rank's
 # traffic over loopback (325 MB/s read as a host beating its 1 Gbit/s link), its CPU every rank's.
 ON_LOOPBACK = {
@@ -1249,7 +1298,9 @@ def _group_blocks(
         model = ", ".join(models) if len(models) <= 3 else f"{len(models)} models"
         title = f"{group} ({model + ', ' if model else ''}{scale} scale)"
         for m in study.plot:
-            if m == "speedup" and not any(row["values"].get("speedup") is not None for row in rows):
+            # not where no run had more than one rank: one bar of 1.00, the baseline against itself
+            speedups = [row for row in rows if row["values"].get("speedup") is not None]
+            if m == "speedup" and not any(row["summary"]["world_size"] > 1 for row in speedups):
                 continue
             blocks += plots.add(
                 f"{group}-{m}",
@@ -1316,11 +1367,22 @@ def _count(n: int, what: str) -> str:
 
 def _column_notes(rows: list[dict[str, Any]], metrics: Sequence[str], link: str | None) -> list[str]:
     """One line for each host column of a group's table that does not read as its heading says:
-    counted on loopback (every rank on this machine), or '-' where the records give no figure.
-    ``link``: the rate of the group's emulated links as designed (None where it has none)."""
-    if not any(m in HOST_METRICS for m in metrics):
-        return []
+    counted on loopback (every rank on this machine), or '-' where the records give no figure; and
+    one for the training means' '-'. ``link``: the rate of the group's emulated links as designed
+    (None where it has none)."""
+    means = [m for m in metrics if m in TRAINING_MEANS and m != "gpu_util_mean"]
     notes = []
+    probed = [row for row in rows if row["run"].probes]
+    if any(row["values"].get(m) is None for m in means for row in probed):
+        notes.append(
+            f"Means over epochs 2+ '-': fewer than {MIN_TRAINING_SAMPLES} probe samples fell between the "
+            "first epoch's end and the last's (more steps, or a shorter --probe-interval, gives them)."
+        )
+    gpu = {"gpu_mem_max_mb", "gpu_util_mean"} & set(metrics)
+    if gpu and any(not (row["run"].probes[0].get("summary") or {}).get("gpus") for row in probed):
+        notes.append("GPU columns '-': the run sampled no GPU (it ran on CPU, or NVML is not available).")
+    if not any(m in HOST_METRICS for m in metrics):
+        return notes
     counted = [row for row in rows if _hosts(row["run"], row["summary"]["strategy"])]
     looped = [row for row in counted if row["loopback"]]
     beside = f" (not to be set beside the {link} links of the study as designed)" if link else ""
@@ -1426,7 +1488,37 @@ def _group_changes(
             )
             said = f" only ({', '.join(map(_point_text, left))} left out)" if left else ""
             changes.append(f"{key} {shown or '-'}{said}")
+    # options the scale set that are neither grid keys nor its shortening (a tiny image size)
+    grid_keys = {k for p in designed for k, _ in p.point}
+    said_already = {*grid_keys, *TINY_TRAIN, *TINY_SWEEP, *TINY_CAPS, "json", "model", "dataset"}
+    for p in mine:
+        twin = next((d for d in designed if d.point == (p.designed or p.point)), None)
+        if twin is None:
+            continue
+        got, meant = _options_of(p.argv), _options_of(twin.argv)
+        for key in dict.fromkeys([*meant, *got]):
+            if key in said_already or got.get(key) == meant.get(key):
+                continue
+            ran = [v for v in got.get(key, []) if v not in meant.get(key, [])]
+            gone = [v for v in meant.get(key, []) if v not in got.get(key, [])]
+            text = f"--{key} {', '.join(ran) or 'left out'}" + (
+                f" in place of {', '.join(gone)}" if gone else ""
+            )
+            if text not in changes:
+                changes.append(text)
     return changes
+
+
+def _options_of(argv: Sequence[str]) -> dict[str, list[str]]:
+    """A run's command line as its options: each flag's values in order (a bare flag's is ""), of
+    the command itself where the cluster starts it (after the cluster's ``--``)."""
+    words = list(argv[len(argv) - argv[::-1].index("--") :] if "--" in argv else argv)
+    out: dict[str, list[str]] = {}
+    for i, w in enumerate(words):
+        if w.startswith("--"):
+            value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else ""
+            out.setdefault(w[2:], []).append(value)
+    return out
 
 
 def _values(points: Iterable[tuple[tuple[str, Any], ...]], key: str) -> list[Any]:
@@ -1462,9 +1554,9 @@ def _study_changes(
     return (
         f"The text above is the study as designed. The {scale} scale runs {of} {_count(len(design), 'run')}"
         + (f" ({'; '.join(swapped)})" if swapped else "")
-        + (f"; groups left out: {', '.join(left)}" if left else "")
-        + f", each shortened ({_shortened(commands)})"
-        + ("; each group below says what else it changed." if groups_changed else ".")
+        + (f"; groups left out: {', '.join(json.dumps(g) for g in left)}" if left else "")
+        + f". Each run it ran is shortened: {_shortened(commands)}."
+        + (" Each group below says what else it changed." if groups_changed else "")
     )
 
 
