@@ -1446,3 +1446,34 @@ def test_no_speedup_is_drawn_where_no_run_had_more_than_one_rank(tmp_path, monke
 
         text = study.run_study(config, execute=execute).report.read_text()
         assert ("workers-speedup.png" in text) is drawn, scale
+
+
+def test_a_dash_in_the_threshold_accuracy_or_rate_columns_says_why():
+    """The console said "not within its 2 epoch(s)" and the report showed '-' alone."""
+    metrics = ["epochs_to_threshold", "final_accuracy", "grad_gbps", "wire_ratio", "step_time_ms"]
+    summary = {
+        "strategy": "ddp",
+        "world_size": 1,
+        "loss_threshold": 2.25,
+        "epochs": 2,
+        "final_accuracy": None,
+    }
+    import types
+
+    run = types.SimpleNamespace(probes=[], epochs=[])  # no probe or per-host counts: no notes of theirs
+    row = {"run": run, "summary": summary, "values": dict.fromkeys(metrics)}
+    row["values"]["step_time_ms"] = 5.0
+    notes = study._column_notes([row], metrics, None)
+    assert notes == [
+        "epochs to loss threshold '-': the mean training loss did not fall below 2.25 within the run's 2 "
+        "epoch(s).",
+        "accuracy '-': the run made no held-out pass (--no-eval).",
+        "gradient GB/s '-': at 1 rank nothing is sent.",
+        "measured/computed bytes '-': at 1 rank nothing is sent.",
+    ]
+    summary |= {"world_size": 2, "loss_threshold": None}
+    del summary["final_accuracy"]
+    assert study._column_notes([row], metrics[:2], None) == [
+        "epochs to loss threshold '-': no --loss-threshold was given.",
+        "accuracy '-': the run made no held-out pass (--no-eval), or its records hold no accuracy.",
+    ]

@@ -1179,6 +1179,32 @@ METRICS: dict[str, tuple[str, str, Callable[[rp.Run, dict[str, Any]], Any]]] = {
     "host_cpu_sys_pct": ("busiest host CPU sys %", ".0f", lambda r, s: _host_rate(r, s, "cpu_system", 100)),
 }
 HOST_METRICS = ("host_tx_mbps", "host_cpu_user_pct", "host_cpu_sys_pct")
+
+
+def _not_reached(summaries: Sequence[dict[str, Any]]) -> str:
+    given = [s for s in summaries if s.get("loss_threshold") is not None]
+    if not given:
+        return "no --loss-threshold was given"
+    thresholds = ", ".join(dict.fromkeys(f"{s['loss_threshold']:.10g}" for s in given))
+    epochs = ", ".join(dict.fromkeys(str(s.get("epochs", "?")) for s in given))
+    return f"the mean training loss did not fall below {thresholds} within the run's {epochs} epoch(s)"
+
+
+def _nothing_sent(summaries: Sequence[dict[str, Any]]) -> str | None:
+    alone = [s for s in summaries if s.get("world_size") == 1]
+    return "at 1 rank nothing is sent" if alone else None
+
+
+# Why a column's cell is '-', from the summaries whose value is None (None: no line for it).
+DASHES: dict[str, Callable[[Sequence[dict[str, Any]]], str | None]] = {
+    "epochs_to_threshold": _not_reached,
+    "final_accuracy": lambda ss: (
+        "the run made no held-out pass (--no-eval)"
+        + ("" if all("final_accuracy" in s for s in ss) else ", or its records hold no accuracy")
+    ),
+    "grad_gbps": _nothing_sent,
+    "wire_ratio": _nothing_sent,
+}
 TRAINING_MEANS = ("process_cpu_mean", "cpu_user_mean", "cpu_system_mean", "gpu_util_mean")
 # Where every rank ran on this machine, its one "host" is the machine: what it sends is every rank's
 # traffic over loopback (325 MB/s read as a host beating its 1 Gbit/s link), its CPU every rank's.
@@ -1372,6 +1398,11 @@ def _column_notes(rows: list[dict[str, Any]], metrics: Sequence[str], link: str 
     (None where it has none)."""
     means = [m for m in metrics if m in TRAINING_MEANS and m != "gpu_util_mean"]
     notes = []
+    for m in metrics:
+        dashed = [row for row in rows if row["values"].get(m) is None]
+        why = DASHES.get(m)
+        if dashed and why is not None and (said := why([row["summary"] for row in dashed])):
+            notes.append(f"{METRICS[m][0]} '-': {said}.")
     probed = [row for row in rows if row["run"].probes]
     if any(row["values"].get(m) is None for m in means for row in probed):
         notes.append(
