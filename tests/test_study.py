@@ -1477,3 +1477,35 @@ def test_a_dash_in_the_threshold_accuracy_or_rate_columns_says_why():
         "epochs to loss threshold '-': no --loss-threshold was given.",
         "accuracy '-': the run made no held-out pass (--no-eval), or its records hold no accuracy.",
     ]
+
+
+def test_metrics_joined_by_a_plus_are_drawn_side_by_side_in_one_chart(tmp_path, monkeypatch):
+    """000 drew compute and communication as two charts, each scaled to its own bar, so the split the
+    study asks about could not be seen; 003's first epoch against its second was in the table alone."""
+    from commbench.bench import report
+
+    presets = study.studies_dir()
+    drawn = []
+
+    def kept(groups, series, path, ylabel, title):
+        drawn.append((list(series), ylabel))
+
+    monkeypatch.setattr(report, "plot_grouped", kept)
+    (tmp_path / "split.toml").write_text(
+        HEAD + 'metrics = ["compute_ms", "comm_ms"]\nplot = ["compute_ms+comm_ms"]\n'
+        '[defaults]\noptions = { strategies = "ddp", model = "mlp", world-size = 2 }\n'
+        '[[group]]\nlabel = "one"\ngrid = { batch-size = [8] }\n'
+    )
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    config = study.StudyConfig(name="split", out_dir=str(tmp_path / "st"), quiet=True)
+    text = study.run_study(config, execute=_summaries(compute_ms=3.0, comm_ms=1.0)).report.read_text()
+    assert drawn == [(["compute ms", "comm ms"], "compute ms and comm ms")]
+    assert "one-compute-ms-comm-ms.png" in text
+    (tmp_path / "bad.toml").write_text(
+        HEAD + 'metrics = ["comm_ms"]\nplot = ["comm_ms+compute_ms"]\n[[group]]\n'
+    )
+    with pytest.raises(ValueError, match="plot 'compute_ms' is not in metrics"):
+        study.load_study("bad")
+    # the presets that use it load
+    for name in ("000_backbones", "003_dataset_model_size"):
+        assert any("+" in entry for entry in study.load_study(name, presets).plot), name

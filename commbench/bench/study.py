@@ -9,7 +9,9 @@ At ``--full`` a group's own options and grid outrank the study's ``[defaults.ful
 ``[group.full]`` outranks both; at ``--tiny`` the study's ``[defaults.tiny]`` shrinks every
 group's options, and ``[group.tiny]`` comes last.
 Groups with ``cluster = true`` run under ``commbench cluster`` (one host per rank) where it can be
-built, and on local ranks otherwise; the report says which.
+built, and on local ranks otherwise; the report says which. ``metrics`` are the table's columns and
+``plot`` the charts drawn per group, one metric each or several of one unit joined by ``+``
+(``"compute_ms+comm_ms"``: side by side in one chart).
 """
 
 from __future__ import annotations
@@ -128,10 +130,11 @@ class Study:
     def __post_init__(self) -> None:
         if not self.groups:
             raise ValueError(f"study {self.name}: no [[group]]")
-        for m in (*self.metrics, *self.plot):
+        drawn = [m for entry in self.plot for m in entry.split("+")]  # "a+b": both in one chart
+        for m in (*self.metrics, *drawn):
             if m not in METRICS:
                 raise ValueError(f"study {self.name}: unknown metric {m!r}; choose from {', '.join(METRICS)}")
-        for m in self.plot:
+        for m in drawn:
             if m not in self.metrics:
                 raise ValueError(
                     f"study {self.name}: plot {m!r} is not in metrics (a plot draws a metric's column)"
@@ -1323,17 +1326,19 @@ def _group_blocks(
         models = list(dict.fromkeys(str(r["summary"]["model"]) for r in rows if r["summary"].get("model")))
         model = ", ".join(models) if len(models) <= 3 else f"{len(models)} models"
         title = f"{group} ({model + ', ' if model else ''}{scale} scale)"
-        for m in study.plot:
+        for entry in study.plot:
+            drawn = entry.split("+")  # several metrics of one unit, side by side in one chart
             # not where no run had more than one rank: one bar of 1.00, the baseline against itself
             speedups = [row for row in rows if row["values"].get("speedup") is not None]
-            if m == "speedup" and not any(row["summary"]["world_size"] > 1 for row in speedups):
+            if drawn == ["speedup"] and not any(row["summary"]["world_size"] > 1 for row in speedups):
                 continue
+            named = " and ".join(heading(m) for m in drawn)
             blocks += plots.add(
-                f"{group}-{m}",
-                lambda p, m=m: plot_grouped(
-                    labels, {heading(m): [r["values"].get(m) for r in rows]}, p, heading(m), title
+                f"{group}-{entry}",
+                lambda p, drawn=drawn, named=named: plot_grouped(
+                    labels, {heading(m): [r["values"].get(m) for r in rows] for m in drawn}, p, named, title
                 ),
-                f"{heading(m)} ({group})",
+                f"{named} ({group})",
             )
         blocks += _host_blocks(rows)
     if sweeps:
