@@ -908,7 +908,10 @@ def test_loss_curves_that_coincide_all_show_and_epochs_are_marked(monkeypatch):
 def test_the_timelines_marks_and_units_are_named(monkeypatch):
     """Grey lines crossed every panel and no legend said what they were; the rates' panel said MB/s
     where the memory's said MB (1e6 B)."""
-    samples = [{"t_s": t, "cpu_user_pct": 10.0, "nic_tx_bytes_per_s": 1e6} for t in (0.0, 0.1, 0.2)]
+    samples = [
+        {"t_s": t, "cpu_user_pct": 10.0, "nic_tx_bytes_per_s": 1e6, "nic_rx_bytes_per_s": 1e6}
+        for t in (0.0, 0.1, 0.2)
+    ]
     probe = {
         "samples": samples,
         "markers": [{"t_s": 0.05, "label": "1: 4096 B"}, {"t_s": 0.15, "label": "2"}],
@@ -919,6 +922,9 @@ def test_the_timelines_marks_and_units_are_named(monkeypatch):
     assert labels.count("a mark: a size (sweep) or epoch (training) done") == 1
     assert rates.get_ylabel() == "MB/s (1e6 B/s)"
     assert sum(1 for ln in rates.get_lines() if ln.get_xdata()[0] in (0.05, 0.15)) == 2  # in every panel
+    # on loopback sent is received: the received line is dashed, so that neither hides the other
+    sent, received = (ln for ln in rates.get_lines() if ln.get_label().startswith("interface"))
+    assert (sent.get_linestyle(), received.get_linestyle()) == ("-", "--")
 
 
 def test_a_ratio_that_is_no_number_is_a_missing_bar_not_a_failed_plot(monkeypatch):

@@ -1469,7 +1469,7 @@ def test_a_dash_in_the_threshold_accuracy_or_rate_columns_says_why():
         "epoch(s).",
         "accuracy '-': the run made no held-out pass (--no-eval).",
         "gradient GB/s '-': at 1 rank nothing is sent.",
-        "measured/computed bytes '-': at 1 rank nothing is sent.",
+        "measured/computed bytes, last epoch '-': at 1 rank nothing is sent.",
     ]
     summary |= {"world_size": 2, "loss_threshold": None}
     del summary["final_accuracy"]
@@ -1509,3 +1509,11 @@ def test_metrics_joined_by_a_plus_are_drawn_side_by_side_in_one_chart(tmp_path, 
     # the presets that use it load
     for name in ("000_backbones", "003_dataset_model_size"):
         assert any("+" in entry for entry in study.load_study(name, presets).plot), name
+
+
+def test_epoch_seconds_keep_four_figures_and_the_byte_ratio_says_which_epoch():
+    """At .3f a tiny run's epochs read 0.005 and 0.011 (one or two figures); the results table's
+    ratio is the last epoch's where the bytes section gives the median of epochs."""
+    for key in ("epoch_time_s", "first_epoch_time_s", "later_epoch_time_s"):
+        assert study._metric_text(0.0051234, study.METRICS[key][1]) == "0.005123"
+    assert study.METRICS["wire_ratio"][0] == "measured/computed bytes, last epoch"

@@ -543,10 +543,15 @@ def plot_probe_timeline(probe: dict[str, Any], path: Any, title: str = "") -> No
             if values is not None:
                 mem.plot(t, [v / 1e6 for v in values], label=f"GPU {i} memory used", linestyle="--")
         mem.set_ylabel("MB (1e6 B)")
-        for key, label in (("nic_tx_bytes_per_s", "sent"), ("nic_rx_bytes_per_s", "received")):
+        # received dashed and thinner: on loopback it is sent, and the one line hid the other
+        for key, label, style in (
+            ("nic_tx_bytes_per_s", "sent", {"linewidth": 2.2}),
+            ("nic_rx_bytes_per_s", "received", {"linestyle": "--", "linewidth": 1.0}),
+        ):
             values = series(key)
             if values is not None:
-                net.plot(t, [v / 1e6 for v in values], label=f"{probe.get('nic') or 'interface'} {label}")
+                name = f"{probe.get('nic') or 'interface'} {label}"
+                net.plot(t, [v / 1e6 for v in values], label=name, **style)
         for i in gpu_ids:
             for key, label in (("pcie_tx_bytes_per_s", "PCIe tx"), ("nvlink_tx_bytes_per_s", "NVLink tx")):
                 values = gpu_series(i, key)

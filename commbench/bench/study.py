@@ -1118,10 +1118,10 @@ METRICS: dict[str, tuple[str, str, Callable[[rp.Run, dict[str, Any]], Any]]] = {
     "exposed_comm_ms": ("exposed comm ms", ".2f", lambda r, s: exposed_comm_ms(s)),
     "hidden_comm_fraction": ("hidden comm", ".2f", lambda r, s: s.get("hidden_comm_fraction")),
     "images_per_s": ("images/s", ".0f", lambda r, s: s.get("images_per_s")),
-    "epoch_time_s": ("epoch s", ".3f", lambda r, s: _epoch_time(s)),
+    "epoch_time_s": ("epoch s", ".4g", lambda r, s: _epoch_time(s)),
     "speedup": ("speedup vs 1 rank", ".2f", lambda r, s: None),  # filled in per group
-    "first_epoch_time_s": ("1st epoch s", ".3f", lambda r, s: s.get("first_epoch_time_s")),
-    "later_epoch_time_s": ("2nd+ epoch s", ".3f", lambda r, s: s.get("later_epoch_time_s")),
+    "first_epoch_time_s": ("1st epoch s", ".4g", lambda r, s: s.get("first_epoch_time_s")),
+    "later_epoch_time_s": ("2nd+ epoch s", ".4g", lambda r, s: s.get("later_epoch_time_s")),
     "first_epoch_images_per_s": (
         "1st epoch images/s",
         ".0f",
@@ -1153,7 +1153,7 @@ METRICS: dict[str, tuple[str, str, Callable[[rp.Run, dict[str, Any]], Any]]] = {
         ),
     ),
     "grad_gbps": ("gradient GB/s", ".3f", lambda r, s: _grad_gbps(s)),
-    "wire_ratio": ("measured/computed bytes", ".3f", lambda r, s: _wire_ratio(r, s["strategy"])),
+    "wire_ratio": ("measured/computed bytes, last epoch", ".3f", lambda r, s: _wire_ratio(r, s["strategy"])),
     "rss_max_mb": ("rank-0 RSS max MB", ".0f", lambda r, s: _probe_stat(r, "rss_bytes", "max", 1e-6)),
     # The means are training's after its first epoch (_training_samples); the maxima the whole run's
     "process_cpu_mean": (
