@@ -269,6 +269,11 @@ _SWEEP = (
         # the spread column divides them: an OverflowError traceback on a p90 past a float's range
         (_SWEEP[:-2] + ', "time_us_p90": 1e400}\n', "'time_us_p90' is Infinity, not a finite number >= 0"),
         (_SWEEP[:-2] + ', "iters": 0}\n', "the sweep record's 'iters' is 0, not a whole number >= 1"),
+        (  # a study's note formats it: a TypeError traceback
+            '{"type": "train_summary", "strategy": "ring", "world_size": 2, "step_time_ms": 1, '
+            '"images_per_s": 5, "loss_threshold": [1]}\n',
+            "the train_summary record's 'loss_threshold' is [1], not a finite number >= 0",
+        ),
         (
             '{"type": "bandwidth", "name": "host->host", "size_bytes": 1, "time_s": null, "gbps": 1}\n',
             "the bandwidth record's 'time_s' is null, not a finite number >= 0",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -1396,7 +1397,8 @@ def _probed_run(tmp_path, marks, samples):
     from commbench.bench import reporting as rp
 
     path = tmp_path / "probed.jsonl"
-    probe = {"type": "probe", "summary": {"gpus": []}, "markers": [{"t_s": t, "label": "x"} for t in marks]}
+    markers = [{"t_s": t, "label": f"{i + 1}: ddp epoch {i}"} for i, t in enumerate(marks)]
+    probe = {"type": "probe", "summary": {"gpus": []}, "markers": markers}
     path.write_text(json.dumps(probe | {"samples": samples}) + "\n")
     return rp.load_run(path)
 
@@ -1427,6 +1429,24 @@ def test_cpu_and_gpu_means_are_training_s_after_its_first_epoch(tmp_path):
         "first epoch's end and the last's (more steps, or a shorter --probe-interval, gives them).",
         "GPU columns '-': the run sampled no GPU (it ran on CPU, or NVML is not available).",
     ]
+    # a run of one epoch has none after it: more steps would not help
+    row["run"] = _probed_run(tmp_path, [1.0], samples)
+    assert study._column_notes([row], ["process_cpu_mean"], None) == [
+        "Means over epochs 2+ '-': the run had fewer than two epochs, so none after the first."
+    ]
+    # a compare marks each strategy's epochs, in any order: the window runs from epoch 0's last end
+    # to the last epoch's, not between two strategies' ends of one epoch
+    markers = [
+        (1.9, "4: ring epoch 1"),
+        (0.95, "1: naive epoch 0"),
+        (1.0, "2: ring epoch 0"),
+        (1.85, "3: naive epoch 1"),
+    ]
+    run = _probed_run(tmp_path, [], samples)
+    run.probes[0]["markers"] = [{"t_s": t, "label": label} for t, label in markers]
+    assert [x["t_s"] for x in study._training_samples(run)] == pytest.approx(
+        [1.0 + i / 10 for i in range(10)]
+    )
 
 
 def test_no_speedup_is_drawn_where_no_run_had_more_than_one_rank(tmp_path, monkeypatch):
@@ -1517,3 +1537,66 @@ def test_epoch_seconds_keep_four_figures_and_the_byte_ratio_says_which_epoch():
     for key in ("epoch_time_s", "first_epoch_time_s", "later_epoch_time_s"):
         assert study._metric_text(0.0051234, study.METRICS[key][1]) == "0.005123"
     assert study.METRICS["wire_ratio"][0] == "measured/computed bytes, last epoch"
+
+
+def test_the_tiny_line_says_an_option_added_or_left_out_as_such(tmp_path, monkeypatch):
+    """A flag the tiny scale added read "--no-probe left out", and a cluster group's design (its
+    command after the cluster's own flags, without --world-size) read as "--world-size 2" changed."""
+    (tmp_path / "flags.toml").write_text(
+        HEAD + '[defaults]\noptions = { strategies = "ddp", model = "mlp", world-size = 2, lr = 0.1 }\n'
+        "tiny = { options = { no-probe = true, lr = false } }\n"
+        '[[group]]\nlabel = "hosts"\ncluster = true\ngrid = { batch-size = [8] }\n'
+    )
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    monkeypatch.setattr(study, "cluster_available", lambda: None)
+    config = study.StudyConfig(name="flags", scale="tiny", out_dir=str(tmp_path / "st"), quiet=True)
+    text = study.run_study(config, execute=_summaries()).report.read_text()
+    (line,) = [x for x in text.splitlines() if x.startswith("As run at the tiny scale:")]
+    assert line.endswith("; --lr left out (0.1); --no-probe added."), line
+    assert "world-size" not in line
+
+
+def test_left_out_group_names_are_quoted_as_written(tmp_path, monkeypatch):
+    (tmp_path / "names.toml").write_text(
+        HEAD + '[defaults]\noptions = { strategies = "ddp", model = "mlp", world-size = 2 }\n'
+        '[[group]]\nlabel = "eins"\ngrid = { batch-size = [8] }\n'
+        '[[group]]\nlabel = "Größe"\ngrid = { batch-size = [8] }\n'
+    )
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    config = study.StudyConfig(name="names", scale="tiny", out_dir=str(tmp_path / "st"), quiet=True)
+    text = study.run_study(config, execute=_summaries()).report.read_text()
+    assert '; groups left out: "Größe". ' in text
+
+
+@pytest.mark.parametrize("entry", ["comm_ms+", "+", "comm_ms+comm_ms"])
+def test_a_plot_entry_with_an_empty_or_repeated_part_is_refused(tmp_path, entry):
+    (tmp_path / "bad.toml").write_text(HEAD + f'metrics = ["comm_ms"]\nplot = ["{entry}"]\n[[group]]\n')
+    with pytest.raises(ValueError, match=f"plot entry '{re.escape(entry)}' needs metrics joined by"):
+        study.load_study("bad", tmp_path)
+
+
+def test_dashed_rates_above_one_rank_are_not_put_down_to_one_rank():
+    """NCCL's traffic is not counted: a 4-rank row's '-' was said to be 'at 1 rank nothing is sent'."""
+    assert study._nothing_sent([{"world_size": 1}]) == "at 1 rank nothing is sent"
+    assert study._nothing_sent([{"world_size": 1}, {"world_size": 4}]).startswith(
+        "the records hold no counted bytes for that row"
+    )
+    assert study._metric_text(12345.6, ".4g") == "12346"  # not 1.235e+04
+
+
+@pytest.mark.parametrize(
+    "probe, what",
+    [
+        ({"samples": [1, 2]}, "samples are not a list of objects"),
+        ({"samples": [], "markers": [1]}, "markers are not a list of objects"),
+        ({"samples": [{"t_s": 0, "gpus": {"a": 1}}]}, "samples' gpus are not a list of objects"),
+    ],
+)
+def test_a_probe_record_of_the_wrong_shape_is_one_line(tmp_path, probe, what):
+    """A study's means read the samples one by one: an AttributeError traceback on a hand-written file."""
+    from commbench.bench import reporting as rp
+
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"type": "probe", **probe}) + "\n")
+    with pytest.raises(ValueError, match=f"has a probe record whose {re.escape(what)}"):
+        rp.load_run(path)

@@ -339,6 +339,8 @@ VALUES: dict[str, dict[str, str]] = {
     "train_summary": {
         "strategy": TEXT,
         "world_size": COUNT,
+        "loss_threshold": AMOUNT,
+        "epochs": COUNT,
         "step_time_ms": AMOUNT,
         "images_per_s": AMOUNT,
         "model": TEXT,
@@ -369,7 +371,13 @@ VALUES: dict[str, dict[str, str]] = {
         "limit_gbps": AMOUNT,
         "limit_source": TEXT,
     },
-    "probe": {"samples": LIST, "nvml": TEXT, "wall_s": AMOUNT, "overhead_core_fraction": NUMBER},
+    "probe": {
+        "samples": LIST,
+        "markers": LIST,
+        "nvml": TEXT,
+        "wall_s": AMOUNT,
+        "overhead_core_fraction": NUMBER,
+    },
 }
 REQUIRED: dict[str, tuple[str, ...]] = {
     "sweep": ("collective", "algorithm", "world_size", "size_bytes", "busbw_gbps"),
@@ -415,6 +423,15 @@ def check_record(path: str | Path, line: int, r: dict[str, Any]) -> None:
         gpus = summary.get("gpus")
         if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, dict) for g in gpus)):
             raise ValueError(f"{path} has a probe record whose summary's gpus are not a list of objects")
+    if kind == "probe":  # a study's means read them sample by sample, between the markers
+        for field in ("samples", "markers"):
+            items = r.get(field)
+            if isinstance(items, list) and not all(isinstance(x, dict) for x in items):
+                raise ValueError(f"{path} has a probe record whose {field} are not a list of objects")
+        for x in r.get("samples") or []:
+            gpus = x.get("gpus")
+            if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, dict) for g in gpus)):
+                raise ValueError(f"{path} has a probe record whose samples' gpus are not a list of objects")
 
 
 def check_points_once(path: str | Path, numbered: Sequence[tuple[int, dict[str, Any]]]) -> None:

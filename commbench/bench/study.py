@@ -10,8 +10,8 @@ At ``--full`` a group's own options and grid outrank the study's ``[defaults.ful
 group's options, and ``[group.tiny]`` comes last.
 Groups with ``cluster = true`` run under ``commbench cluster`` (one host per rank) where it can be
 built, and on local ranks otherwise; the report says which. ``metrics`` are the table's columns and
-``plot`` the charts drawn per group, one metric each or several of one unit joined by ``+``
-(``"compute_ms+comm_ms"``: side by side in one chart).
+``plot`` the charts drawn per group, one metric each or several joined by ``+`` (``"compute_ms+comm_ms"``:
+side by side in one chart, on one axis, so best of one unit).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -130,7 +131,13 @@ class Study:
     def __post_init__(self) -> None:
         if not self.groups:
             raise ValueError(f"study {self.name}: no [[group]]")
-        drawn = [m for entry in self.plot for m in entry.split("+")]  # "a+b": both in one chart
+        for entry in self.plot:  # "a+b": both in one chart
+            parts = entry.split("+")
+            if "" in parts or len(set(parts)) < len(parts):
+                raise ValueError(
+                    f"study {self.name}: plot entry {entry!r} needs metrics joined by '+', each once"
+                )
+        drawn = [m for entry in self.plot for m in entry.split("+")]
         for m in (*self.metrics, *drawn):
             if m not in METRICS:
                 raise ValueError(f"study {self.name}: unknown metric {m!r}; choose from {', '.join(METRICS)}")
@@ -973,21 +980,32 @@ def _probe_stat(run: rp.Run, key: str, stat: str, scale: float = 1.0) -> float |
 MIN_TRAINING_SAMPLES = 3
 
 
+def _epoch_marks(run: rp.Run) -> dict[int, float]:
+    """When each epoch ended, by its number, from the rank-0 sampler's markers ("3: ring epoch 1"):
+    the last strategy's end where a compare marks each one's (they step together)."""
+    ends: dict[int, float] = {}
+    for m in (run.probes[0].get("markers") or []) if run.probes else []:
+        label, t = m.get("label"), m.get("t_s")
+        found = re.search(r"epoch (\d+)$", label) if isinstance(label, str) else None
+        if found and isinstance(t, int | float):
+            epoch = int(found.group(1))
+            ends[epoch] = max(ends.get(epoch, t), t)
+    return ends
+
+
 def _training_samples(run: rp.Run) -> list[dict[str, Any]] | None:
     """The rank-0 sampler's samples from the first epoch's end to the last's: training after its
     first epoch. Over the whole run, the means were mostly imports, model building and the wait for
-    the other ranks (a tiny run's two epochs took its last 50 ms of 2 s). None where fewer than
-    MIN_TRAINING_SAMPLES fall there, or the run marked fewer than two epochs."""
-    if not run.probes:
+    the other ranks (a tiny run's two epochs took its last 50 ms of 2 s). None where the run marked
+    fewer than two epochs, or fewer than MIN_TRAINING_SAMPLES samples fall there."""
+    ends = _epoch_marks(run)
+    if len(ends) < 2:
         return None
-    probe = run.probes[0]
-    marks = [m["t_s"] for m in probe.get("markers") or [] if isinstance(m.get("t_s"), int | float)]
-    if len(marks) < 2:
-        return None
+    start, end = ends[min(ends)], ends[max(ends)]
     inside = [
         x
-        for x in probe.get("samples") or []
-        if isinstance(t := x.get("t_s"), int | float) and marks[0] <= t <= marks[-1]
+        for x in run.probes[0].get("samples") or []
+        if isinstance(t := x.get("t_s"), int | float) and start <= t <= end
     ]
     return inside if len(inside) >= MIN_TRAINING_SAMPLES else None
 
@@ -1193,9 +1211,13 @@ def _not_reached(summaries: Sequence[dict[str, Any]]) -> str:
     return f"the mean training loss did not fall below {thresholds} within the run's {epochs} epoch(s)"
 
 
-def _nothing_sent(summaries: Sequence[dict[str, Any]]) -> str | None:
-    alone = [s for s in summaries if s.get("world_size") == 1]
-    return "at 1 rank nothing is sent" if alone else None
+def _nothing_sent(summaries: Sequence[dict[str, Any]]) -> str:
+    if all(s.get("world_size") == 1 for s in summaries):
+        return "at 1 rank nothing is sent"
+    return (
+        "the records hold no counted bytes for that row (at 1 rank nothing is sent; NCCL's traffic, "
+        "which passes the interface's counters, and --no-probe runs are not counted)"
+    )
 
 
 # Why a column's cell is '-', from the summaries whose value is None (None: no line for it).
@@ -1379,6 +1401,8 @@ def _metric_text(value: Any, spec: str) -> str:
         return "-"
     if spec == "d" or spec == ",d":
         return format(int(value), spec)
+    if spec.endswith("g") and abs(value) >= 1e4:  # four figures, not 1.235e+04 s
+        return rp.fmt(value, ".0f")
     return rp.fmt(value, spec)
 
 
@@ -1401,7 +1425,6 @@ def _column_notes(rows: list[dict[str, Any]], metrics: Sequence[str], link: str 
     counted on loopback (every rank on this machine), or '-' where the records give no figure; and
     one for the training means' '-'. ``link``: the rate of the group's emulated links as designed
     (None where it has none)."""
-    means = [m for m in metrics if m in TRAINING_MEANS and m != "gpu_util_mean"]
     notes = []
     for m in metrics:
         dashed = [row for row in rows if row["values"].get(m) is None]
@@ -1409,13 +1432,25 @@ def _column_notes(rows: list[dict[str, Any]], metrics: Sequence[str], link: str 
         if dashed and why is not None and (said := why([row["summary"] for row in dashed])):
             notes.append(f"{METRICS[m][0]} '-': {said}.")
     probed = [row for row in rows if row["run"].probes]
-    if any(row["values"].get(m) is None for m in means for row in probed):
-        notes.append(
-            f"Means over epochs 2+ '-': fewer than {MIN_TRAINING_SAMPLES} probe samples fell between the "
-            "first epoch's end and the last's (more steps, or a shorter --probe-interval, gives them)."
-        )
-    gpu = {"gpu_mem_max_mb", "gpu_util_mean"} & set(metrics)
-    if gpu and any(not (row["run"].probes[0].get("summary") or {}).get("gpus") for row in probed):
+    sampled_gpu = [row for row in probed if (row["run"].probes[0].get("summary") or {}).get("gpus")]
+    means = [m for m in metrics if m in TRAINING_MEANS and m != "gpu_util_mean"]
+    short = [row for row in probed if any(row["values"].get(m) is None for m in means)]
+    if "gpu_util_mean" in metrics:
+        short += [
+            row for row in sampled_gpu if row["values"].get("gpu_util_mean") is None and row not in short
+        ]
+    if short:
+        one = [row for row in short if len(_epoch_marks(row["run"])) < 2]
+        said = []
+        if one:
+            said.append("the run had fewer than two epochs, so none after the first")
+        if len(one) < len(short):
+            said.append(
+                f"fewer than {MIN_TRAINING_SAMPLES} probe samples fell between the first epoch's end and the "
+                "last's (more steps, or a shorter --probe-interval, gives them)"
+            )
+        notes.append(f"Means over epochs 2+ '-': {'; or '.join(said)}.")
+    if {"gpu_mem_max_mb", "gpu_util_mean"} & set(metrics) and len(sampled_gpu) < len(probed):
         notes.append("GPU columns '-': the run sampled no GPU (it ran on CPU, or NVML is not available).")
     if not any(m in HOST_METRICS for m in metrics):
         return notes
@@ -1531,15 +1566,20 @@ def _group_changes(
         twin = next((d for d in designed if d.point == (p.designed or p.point)), None)
         if twin is None:
             continue
-        got, meant = _options_of(p.argv), _options_of(twin.argv)
+        # a cluster run's design starts its command after the cluster's own flags, without
+        # --world-size (the hosts carry it): the same run on local ranks is what to set beside it
+        got, meant = _options_of(p.argv), _options_of(twin.local_argv or twin.argv)
         for key in dict.fromkeys([*meant, *got]):
             if key in said_already or got.get(key) == meant.get(key):
                 continue
-            ran = [v for v in got.get(key, []) if v not in meant.get(key, [])]
-            gone = [v for v in meant.get(key, []) if v not in got.get(key, [])]
-            text = f"--{key} {', '.join(ran) or 'left out'}" + (
-                f" in place of {', '.join(gone)}" if gone else ""
-            )
+            if key not in meant:
+                text = f"--{key} added" + (f" ({', '.join(got[key])})" if any(got[key]) else "")
+            elif key not in got:
+                text = f"--{key} left out" + (f" ({', '.join(meant[key])})" if any(meant[key]) else "")
+            else:
+                ran = [v for v in got[key] if v not in meant[key]]
+                gone = [v for v in meant[key] if v not in got[key]]
+                text = f"--{key} {', '.join(ran) or '-'} in place of {', '.join(gone) or '-'}"
             if text not in changes:
                 changes.append(text)
     return changes
@@ -1590,7 +1630,7 @@ def _study_changes(
     return (
         f"The text above is the study as designed. The {scale} scale runs {of} {_count(len(design), 'run')}"
         + (f" ({'; '.join(swapped)})" if swapped else "")
-        + (f"; groups left out: {', '.join(json.dumps(g) for g in left)}" if left else "")
+        + (f"; groups left out: {', '.join(json.dumps(g, ensure_ascii=False) for g in left)}" if left else "")
         + f". Each run it ran is shortened: {_shortened(commands)}."
         + (" Each group below says what else it changed." if groups_changed else "")
     )
