@@ -1353,24 +1353,31 @@ def test_a_run_on_loopback_among_emulated_hosts_is_named_under_the_table(tmp_pat
     )
 
 
+DDP_MLP = '[defaults]\noptions = { strategies = "ddp", model = "mlp", world-size = 2 }\n'
+
+
+def _tiny_report(tmp_path, monkeypatch, name: str, text: str) -> str:
+    """The tiny-scale report of a study file written here (HEAD, then ``text``), its runs faked."""
+    (tmp_path / f"{name}.toml").write_text(HEAD + text)
+    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
+    config = study.StudyConfig(name=name, scale="tiny", out_dir=str(tmp_path / f"st-{name}"), quiet=True)
+    return study.run_study(config, execute=_summaries()).report.read_text()
+
+
 def test_a_grid_value_the_tiny_scale_shrinks_is_said_run_as_not_left_out(tmp_path, monkeypatch):
     """The tiny run of batch size 32 runs as 16: the report said "batch-size 16 only (32, 64, 128 left
     out)", 32 among those left out though it ran."""
-    (tmp_path / "shrunk.toml").write_text(
-        HEAD + '[defaults]\noptions = { strategies = "ddp", model = "mlp", world-size = 2 }\n'
-        '[[group]]\nlabel = "sizes"\ngrid = { batch-size = [32, 64, 128] }\n'
+    text = _tiny_report(
+        tmp_path,
+        monkeypatch,
+        "shrunk",
+        DDP_MLP + '[[group]]\nlabel = "sizes"\ngrid = { batch-size = [32, 64, 128] }\n',
     )
-    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
-    config = study.StudyConfig(name="shrunk", scale="tiny", out_dir=str(tmp_path / "st"), quiet=True)
-    text = study.run_study(config, execute=_summaries()).report.read_text()
     assert "\nAs run at the tiny scale: batch-size 32 run as 16 only (64, 128 left out).\n" in text
     # and the study's line ends there: no group says more than the grid
-    (tmp_path / "plain.toml").write_text(
-        HEAD + '[defaults]\noptions = { strategies = "ddp", model = "mlp", world-size = 2 }\n'
-        '[[group]]\nlabel = "one"\ngrid = { batch-size = [8] }\n'
+    text = _tiny_report(
+        tmp_path, monkeypatch, "plain", DDP_MLP + '[[group]]\nlabel = "one"\ngrid = { batch-size = [8] }\n'
     )
-    config = study.StudyConfig(name="plain", scale="tiny", out_dir=str(tmp_path / "st2"), quiet=True)
-    text = study.run_study(config, execute=_summaries()).report.read_text()
     assert (
         "The tiny scale runs the default scale's 1 run. Each run it ran is shortened: at most 2 epochs of 2 "
         "steps, a batch of at most 16 a rank and 256 samples, no held-out pass.\n" in text
@@ -1542,29 +1549,25 @@ def test_epoch_seconds_keep_four_figures_and_the_byte_ratio_says_which_epoch():
 def test_the_tiny_line_says_an_option_added_or_left_out_as_such(tmp_path, monkeypatch):
     """A flag the tiny scale added read "--no-probe left out", and a cluster group's design (its
     command after the cluster's own flags, without --world-size) read as "--world-size 2" changed."""
-    (tmp_path / "flags.toml").write_text(
-        HEAD + '[defaults]\noptions = { strategies = "ddp", model = "mlp", world-size = 2, lr = 0.1 }\n'
-        "tiny = { options = { no-probe = true, lr = false } }\n"
-        '[[group]]\nlabel = "hosts"\ncluster = true\ngrid = { batch-size = [8] }\n'
-    )
-    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
     monkeypatch.setattr(study, "cluster_available", lambda: None)
-    config = study.StudyConfig(name="flags", scale="tiny", out_dir=str(tmp_path / "st"), quiet=True)
-    text = study.run_study(config, execute=_summaries()).report.read_text()
+    text = _tiny_report(
+        tmp_path,
+        monkeypatch,
+        "flags",
+        '[defaults]\noptions = { strategies = "ddp", model = "mlp", world-size = 2, lr = 0.1 }\n'
+        "tiny = { options = { no-probe = true, lr = false } }\n"
+        '[[group]]\nlabel = "hosts"\ncluster = true\ngrid = { batch-size = [8] }\n',
+    )
     (line,) = [x for x in text.splitlines() if x.startswith("As run at the tiny scale:")]
     assert line.endswith("; --lr left out (0.1); --no-probe added."), line
     assert "world-size" not in line
 
 
 def test_left_out_group_names_are_quoted_as_written(tmp_path, monkeypatch):
-    (tmp_path / "names.toml").write_text(
-        HEAD + '[defaults]\noptions = { strategies = "ddp", model = "mlp", world-size = 2 }\n'
-        '[[group]]\nlabel = "eins"\ngrid = { batch-size = [8] }\n'
-        '[[group]]\nlabel = "Größe"\ngrid = { batch-size = [8] }\n'
+    groups = "".join(
+        f'[[group]]\nlabel = "{name}"\ngrid = {{ batch-size = [8] }}\n' for name in ("eins", "Größe")
     )
-    monkeypatch.setattr(study, "studies_dir", lambda: tmp_path)
-    config = study.StudyConfig(name="names", scale="tiny", out_dir=str(tmp_path / "st"), quiet=True)
-    text = study.run_study(config, execute=_summaries()).report.read_text()
+    text = _tiny_report(tmp_path, monkeypatch, "names", DDP_MLP + groups)
     assert '; groups left out: "Größe". ' in text
 
 
