@@ -560,6 +560,12 @@ def machine_section(runs: Sequence[Run]) -> list[Block]:
     return [Heading(text="Machine"), table(["", *[r.label for r in runs]], rows)]
 
 
+def _table_of(r: dict[str, Any]) -> tuple:
+    """What a sweep record shares with the others of its table (collective, form and op aside): ranks,
+    backend, device, dtype and block; send/recv of the same is that table's limit."""
+    return (r.get("world_size"), r.get("backend"), r.get("device"), r.get("dtype"), r.get("block"))
+
+
 def sweep_section(run: Run, plots: _Plots) -> list[Block]:
     """Per collective and world size: the nccl-tests-style table and busbw against size (the
     heading names the in-place form of reduce_scatter and all_gather)."""
@@ -573,7 +579,7 @@ def sweep_section(run: Run, plots: _Plots) -> list[Block]:
     groups: dict[tuple, list[dict[str, Any]]] = {}
     limits: dict[tuple, list[dict[str, Any]]] = {}
     for r in run.sweeps:
-        where = (r.get("world_size"), r.get("backend"), r.get("device"), r.get("dtype"), r.get("block"))
+        where = _table_of(r)
         if r["collective"] == "sendrecv":
             limits.setdefault(where, []).append(r)
         else:
@@ -691,10 +697,7 @@ def wire_section(run: Run) -> list[Block]:
     from commbench.bench.collectives import form_name, in_place_form
     from commbench.bench.report import series_name
 
-    def where(r: dict[str, Any]) -> tuple:  # what one sweep table holds (see sweep_section)
-        return (r.get("world_size"), r.get("backend"), r.get("device"), r.get("dtype"), r.get("block"))
-
-    measured = {where(x) for x in run.sweeps if x["collective"] != "sendrecv"}
+    measured = {_table_of(x) for x in run.sweeps if x["collective"] != "sendrecv"}
     worlds = len({x.get("world_size") for x in run.sweeps}) > 1
     dtypes = len({x.get("dtype") for x in run.sweeps}) > 1
     ops = len({x.get("op") for x in run.sweeps if x.get("op") is not None}) > 1
@@ -703,7 +706,7 @@ def wire_section(run: Run) -> list[Block]:
         """A point as the sweep's table names it: send/recv is the limit beside a collective of the
         same table, and the collective's form says in-place; ranks and dtype where the run has several."""
         size = _size(r["size_bytes"])
-        if r["collective"] == "sendrecv" and where(r) in measured:
+        if r["collective"] == "sendrecv" and _table_of(r) in measured:
             name = f"limit (send/recv) {size}"
         else:
             name = f"{form_name(r['collective'], in_place_form(r))} {series_name(r)} {size}"
@@ -727,7 +730,7 @@ def wire_section(run: Run) -> list[Block]:
     host_rows = []
     sweep_last: dict[tuple, dict[str, Any]] = {}
     for r in run.sweeps:  # per host: the largest size of each series is enough to read the split
-        key = (*where(r), r["collective"], in_place_form(r), r.get("op"), r["algorithm"])
+        key = (*_table_of(r), r["collective"], in_place_form(r), r.get("op"), r["algorithm"])
         if r.get("hosts") and r["size_bytes"] >= sweep_last.get(key, {}).get("size_bytes", -1):
             sweep_last[key] = r
     epoch_last: dict[str, dict[str, Any]] = {}

@@ -1276,16 +1276,14 @@ def _group_blocks(
     runs: dict[int, rp.Run],
     plots: rp._Plots,
     scale: str = "default",
-    planned: Sequence[Planned] = (),
-    design: Sequence[Planned] | None = None,
+    changed: Sequence[str] = (),
 ) -> list[rp.Block]:
     """One group's section. Its note is the group as designed; where this scale or this machine ran it
-    otherwise (``design``: see :func:`_design`), a line says how, from the runs' records and plan."""
+    otherwise, ``changed`` (:func:`_group_changes`) says how."""
     from commbench.bench.report import plot_busbw, plot_grouped, plot_probe_timeline
 
     blocks: list[rp.Block] = [rp.Heading(text=group, level=3)]
     spec = next(g for g in study.groups if g.label == group)
-    changed = _group_changes(study, spec, scale, outcomes, runs, planned, design)
     if spec.note:
         blocks.append(rp.Para(text=f"As designed: {spec.note}" if changed else spec.note))
     if changed:
@@ -1724,13 +1722,13 @@ def write_study_report(
         g: [o for o in outcomes if o.planned.group == g]
         for g in dict.fromkeys(o.planned.group for o in outcomes)
     }
-    groups_changed = any(
-        _group_changes(
+    group_changes = {
+        g: _group_changes(
             study, next(x for x in study.groups if x.label == g), scale, mine, runs, planned, design
         )
         for g, mine in by_group.items()
-    )
-    changed = _study_changes(study, scale, outcomes, runs, planned, design, groups_changed)
+    }
+    changed = _study_changes(study, scale, outcomes, runs, planned, design, any(group_changes.values()))
     if changed:
         blocks.append(rp.Para(text=changed))
     blocks.append(
@@ -1760,9 +1758,8 @@ def write_study_report(
     if runs:
         blocks += rp.machine_section([runs[min(runs)]])
     blocks.append(rp.Heading(text="Results"))
-    for group in dict.fromkeys(o.planned.group for o in outcomes):
-        mine = [o for o in outcomes if o.planned.group == group]
-        blocks += _group_blocks(study, group, mine, runs, plots, scale, planned, design)
+    for group, mine in by_group.items():
+        blocks += _group_blocks(study, group, mine, runs, plots, scale, group_changes[group])
     checks = []
     for o in outcomes:
         run = runs.get(o.planned.index)
